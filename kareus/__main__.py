@@ -1,0 +1,3 @@
+from kareus.cli import main
+
+main()

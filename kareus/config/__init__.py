@@ -1,0 +1,1 @@
+"""Configuration: schemas, the ConfigStore, validation and hashing."""

@@ -1,0 +1,109 @@
+"""Typed schemas of the sections the core owns: model, parallel layout, and the top level.
+
+Component sections (hardware, search, profiler, compose, launcher, plan, tracking, partitioner) are
+typed by the schema their own option file selects (see kareus/config/store.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Optional
+
+from omegaconf import MISSING
+
+from kareus.types import ModelSpec, ParallelSpec
+
+
+class Mode(str, Enum):
+    run = "run"  # search, compose, plan: the whole pipeline
+    describe = "describe"  # print stages, ops, partitions and search-space sizes; measure nothing
+    search = "search"  # partition searches only
+
+
+class Recompute(str, Enum):
+    full = "full"
+    none = "none"
+
+
+class Norm(str, Enum):
+    rmsnorm = "rmsnorm"
+    layernorm = "layernorm"
+
+
+class Activation(str, Enum):
+    swiglu = "swiglu"
+    gelu = "gelu"
+
+
+@dataclass
+class ModelConfig:
+    """A transformer's shape. Add a model by dropping a YAML file with these keys into --config-dir/model."""
+
+    name: str = MISSING
+    num_layers: int = MISSING
+    hidden_size: int = MISSING
+    ffn_hidden_size: int = MISSING
+    num_attention_heads: int = MISSING
+    num_kv_heads: int = MISSING
+    head_dim: int = MISSING
+    vocab_size: int = MISSING
+    tied_embeddings: bool = False
+    qk_layernorm: bool = False
+    norm: Norm = Norm.rmsnorm
+    activation: Activation = Activation.swiglu
+
+    def spec(self) -> ModelSpec:
+        return ModelSpec(
+            name=self.name, num_layers=self.num_layers, hidden_size=self.hidden_size,
+            ffn_hidden_size=self.ffn_hidden_size, num_attention_heads=self.num_attention_heads,
+            num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, vocab_size=self.vocab_size,
+            tied_embeddings=self.tied_embeddings, qk_layernorm=self.qk_layernorm,
+            norm=self.norm.value, activation=self.activation.value,
+        )
+
+
+@dataclass
+class ParallelConfig:
+    """Megatron's parallel layout and batch shape for one model replica."""
+
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    dp: int = 1
+    micro_batch_size: int = 1
+    num_microbatches: int = 1
+    seq_len: int = 4096
+    nanobatches: int = 2
+    recompute: Recompute = Recompute.full
+    schedule: str = "1f1b"
+    sequence_parallel: bool = False
+    layer_split: Optional[list[int]] = None  # layers per stage; None splits evenly
+
+    def spec(self) -> ParallelSpec:
+        return ParallelSpec(
+            tp=self.tp, pp=self.pp, cp=self.cp, dp=self.dp, micro_batch_size=self.micro_batch_size,
+            num_microbatches=self.num_microbatches, seq_len=self.seq_len, nanobatches=self.nanobatches,
+            recompute=self.recompute.value, schedule=self.schedule,
+            sequence_parallel=self.sequence_parallel,
+            layer_split=tuple(self.layer_split) if self.layer_split else None,
+        )
+
+
+@dataclass
+class KareusConfig:
+    """The whole run. ``model`` is deliberately not defaulted: every run names its model."""
+
+    mode: Mode = Mode.run
+    seed: int = 0
+    progress: bool = True  # rich progress display (plain lines when stdout is not a terminal)
+    resume: Optional[str] = None  # a previous run directory whose journal to continue
+    model: Optional[ModelConfig] = None
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    hardware: Any = MISSING
+    partitioner: Any = MISSING
+    search: Any = MISSING
+    profiler: Any = MISSING
+    compose: Any = MISSING
+    launcher: Any = MISSING
+    plan: Any = MISSING
+    tracking: Any = MISSING

@@ -1,0 +1,145 @@
+"""One pass over a composed config that reports every cross-field problem at once.
+
+Types, unknown keys and enum values are already checked by the schemas at composition; this checks
+the rules that relate fields to each other and to the GPU, without building anything. Component
+configs contribute their own rules through a ``problems(ctx) -> list[str]`` method.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kareus.config.store import plain_schema
+from kareus.hardware.base import GPUSpec
+from kareus.registry import (COMPOSERS, HARDWARE, LAUNCHERS, PARTITIONERS, SEARCHERS, Registry,
+                             UnknownComponentError, to_dataclass)
+
+# Sections chosen by name from a registry, and sections with one fixed schema.
+REGISTRY_SECTIONS: dict[str, Registry] = {
+    "hardware": HARDWARE, "partitioner": PARTITIONERS, "search": SEARCHERS,
+    "compose": COMPOSERS, "launcher": LAUNCHERS,
+}
+PLAIN_SECTIONS: tuple[str, ...] = ("profiler", "plan", "tracking")
+
+
+class ConfigError(ValueError):
+    """A config that cannot run. ``problems`` holds one line per problem, each naming its key."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class ValidationContext:
+    """What a component's own rules may look at: the GPU and the layout."""
+
+    gpu: GPUSpec | None
+    parallel: Any
+    model: Any
+    mode: str
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def _typed_section(key: str, section: Any, problems: list[str]) -> Any:
+    """The section as its typed dataclass, or None with the problem recorded."""
+    if key in REGISTRY_SECTIONS:
+        registry = REGISTRY_SECTIONS[key]
+        name = section.get("name") if section is not None else None
+        try:
+            entry = registry.get(str(name))
+        except UnknownComponentError as exc:
+            problems.append(f"{key}.name: {exc}")
+            return None
+        if entry.config_cls is None:
+            return section
+        try:
+            return registry.build_config(str(name), section)
+        except Exception as exc:
+            problems.append(f"{key}: {_first_line(exc)}")
+            return None
+    try:
+        return to_dataclass(plain_schema(key), section)
+    except Exception as exc:
+        problems.append(f"{key}: {_first_line(exc)}")
+        return None
+
+
+def validate_model_parallel(model: Any, p: Any, gpus_per_node: int) -> list[str]:
+    """Rules between the model shape and the parallel layout (Megatron's own constraints)."""
+    problems = [f"parallel.{n}: must be >= 1, got {getattr(p, n)}"
+                for n in ("tp", "pp", "cp", "dp", "micro_batch_size", "num_microbatches", "seq_len", "nanobatches")
+                if getattr(p, n) < 1]
+    if problems:
+        return problems
+    if p.micro_batch_size % p.nanobatches:
+        problems.append(f"parallel.micro_batch_size: {p.micro_batch_size} does not split into "
+                        f"parallel.nanobatches={p.nanobatches} equal nanobatches")
+    if p.seq_len % (2 * p.cp):
+        problems.append(f"parallel.cp: seq_len {p.seq_len} must be divisible by 2*cp={2 * p.cp} "
+                        "(causal load balancing)")
+    if p.tp * p.cp > gpus_per_node:
+        problems.append(f"parallel.tp: tp*cp={p.tp * p.cp} GPUs do not fit one node of {gpus_per_node} GPUs")
+    if p.num_microbatches < p.pp:
+        problems.append(f"parallel.num_microbatches: {p.num_microbatches} is fewer than pp={p.pp}; "
+                        "the 1F1B pipeline would never fill")
+    if model is None:
+        return problems
+    m = model
+    if m.num_attention_heads % p.tp:
+        problems.append(f"parallel.tp: {p.tp} does not divide model.num_attention_heads={m.num_attention_heads}")
+    if m.num_kv_heads % p.tp and p.tp % m.num_kv_heads:
+        problems.append(f"parallel.tp: {p.tp} neither divides nor is a multiple of model.num_kv_heads={m.num_kv_heads}")
+    if m.num_attention_heads % m.num_kv_heads:
+        problems.append(f"model.num_kv_heads: {m.num_kv_heads} does not divide "
+                        f"model.num_attention_heads={m.num_attention_heads}")
+    if m.ffn_hidden_size % p.tp:
+        problems.append(f"parallel.tp: {p.tp} does not divide model.ffn_hidden_size={m.ffn_hidden_size}")
+    if p.layer_split:
+        if len(p.layer_split) != p.pp:
+            problems.append(f"parallel.layer_split: has {len(p.layer_split)} entries for pp={p.pp} stages")
+        elif sum(p.layer_split) != m.num_layers or min(p.layer_split) < 1:
+            problems.append(f"parallel.layer_split: {list(p.layer_split)} must be positive and sum to "
+                            f"model.num_layers={m.num_layers}")
+    elif m.num_layers % p.pp:
+        problems.append(f"parallel.pp: {p.pp} does not divide model.num_layers={m.num_layers}; "
+                        "set parallel.layer_split to split unevenly")
+    return problems
+
+
+def validate(cfg: Any) -> dict[str, Any]:
+    """Check a composed config; return the typed sections, or raise ConfigError listing every problem."""
+    problems: list[str] = []
+    typed: dict[str, Any] = {}
+    for key in (*REGISTRY_SECTIONS, *PLAIN_SECTIONS):
+        sec = _typed_section(key, cfg.get(key), problems)
+        if sec is not None:
+            typed[key] = sec
+    gpu = None
+    if "hardware" in typed:
+        try:
+            gpu = typed["hardware"].gpu_spec()
+        except Exception as exc:
+            problems.append(f"hardware: {_first_line(exc)}")
+    mode = str(getattr(cfg.mode, "value", cfg.mode))
+    model = cfg.get("model")
+    model_free = "hardware" in typed and getattr(typed["hardware"], "name", "") == "replay" and mode == "search"
+    if model is None and not model_free:
+        problems.append("model: no model selected")
+    problems += validate_model_parallel(model, cfg.parallel, gpu.gpus_per_node if gpu else 8)
+    ctx = ValidationContext(gpu=gpu, parallel=cfg.parallel, model=model, mode=mode)
+    for key, sec in typed.items():
+        rules = getattr(sec, "problems", None)
+        if rules is None:
+            continue
+        try:
+            lines = rules(ctx)
+        except Exception as exc:
+            lines = [f"cannot be checked: {_first_line(exc)}"]
+        problems += [ln if ln.split(":")[0].split(".")[0] == key else f"{key}.{ln}" for ln in lines]
+    if problems:
+        raise ConfigError(problems)
+    return typed

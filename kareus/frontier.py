@@ -1,0 +1,88 @@
+"""Time-energy Pareto frontiers and their exact 2-D hypervolume (both objectives minimised)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from kareus.types import FrontierPoint
+
+
+def pareto_mask(times: Sequence[float], energies: Sequence[float]) -> np.ndarray:
+    """Boolean mask of the non-dominated points (ties keep the first occurrence). O(n log n)."""
+    t = np.asarray(times, dtype=float)
+    e = np.asarray(energies, dtype=float)
+    mask = np.zeros(len(t), dtype=bool)
+    if len(t) == 0:
+        return mask
+    order = np.lexsort((e, t))  # by time, then energy
+    best = np.inf
+    for i in order:
+        if not np.isfinite(t[i]) or not np.isfinite(e[i]):
+            continue
+        if e[i] < best:
+            mask[i] = True
+            best = e[i]
+    return mask
+
+
+def hypervolume_2d(times: Sequence[float], energies: Sequence[float], ref: tuple[float, float]) -> float:
+    """Area dominated by the points and bounded by ``ref`` (points beyond ref contribute nothing)."""
+    t = np.asarray(times, dtype=float)
+    e = np.asarray(energies, dtype=float)
+    keep = (t < ref[0]) & (e < ref[1])
+    t, e = t[keep], e[keep]
+    if len(t) == 0:
+        return 0.0
+    m = pareto_mask(t, e)
+    t, e = t[m], e[m]
+    order = np.argsort(t)
+    t, e = t[order], e[order]
+    widths = np.diff(np.append(t, ref[0]))
+    return float(np.sum(widths * (ref[1] - e)))
+
+
+@dataclass(frozen=True)
+class Frontier:
+    """Pareto points sorted by time (energy strictly falls along it). ``objective`` names the energy."""
+
+    points: tuple[FrontierPoint, ...]
+    objective: str = "total"
+
+    @classmethod
+    def from_points(cls, points: Iterable[FrontierPoint], objective: str = "total") -> "Frontier":
+        pts = list(points)
+        mask = pareto_mask([p.time_s for p in pts], [p.energy_j for p in pts])
+        kept = sorted((p for p, m in zip(pts, mask) if m), key=lambda p: (p.time_s, p.energy_j))
+        return cls(tuple(kept), objective)
+
+    @classmethod
+    def from_arrays(cls, times: Sequence[float], energies: Sequence[float], payloads: Sequence[Any] | None = None,
+                    objective: str = "total") -> "Frontier":
+        payloads = payloads if payloads is not None else [None] * len(times)
+        return cls.from_points((FrontierPoint(float(t), float(e), p) for t, e, p in zip(times, energies, payloads)),
+                               objective)
+
+    def __len__(self) -> int:
+        return len(self.points)
+
+    def __iter__(self):
+        return iter(self.points)
+
+    @property
+    def times(self) -> np.ndarray:
+        return np.array([p.time_s for p in self.points])
+
+    @property
+    def energies(self) -> np.ndarray:
+        return np.array([p.energy_j for p in self.points])
+
+    def hypervolume(self, ref: tuple[float, float]) -> float:
+        return hypervolume_2d(self.times, self.energies, ref)
+
+    def fastest(self) -> FrontierPoint:
+        return self.points[0]
+
+    def cheapest(self) -> FrontierPoint:
+        return self.points[-1]

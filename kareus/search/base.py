@@ -1,0 +1,38 @@
+"""The contract between searchers and the rest: a problem in, measured candidates and a frontier out."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence
+
+from kareus.frontier import Frontier
+from kareus.types import Candidate, Measurement, PartitionType
+
+# evaluate(batch, annotations) -> measurements, in batch order. ``annotations[i]`` may hold
+# {"predicted": {...}, "pass": "total"} for logging. Already-measured candidates are answered from
+# the journal without charge, so searchers may ask again safely.
+Evaluate = Callable[[Sequence[Candidate], Sequence[dict[str, Any]] | None], list[Measurement]]
+
+
+@dataclass
+class SearchProblem:
+    partition: PartitionType
+    space: list[Candidate]
+    evaluate: Evaluate
+    budget: int  # profiles allowed, the initial design included
+    seed: int
+    static_power_w: float
+    initial: list[Candidate] = field(default_factory=list)  # shared initial design, if given
+    emit: Callable[[Any], None] = lambda event: None  # an EventBus.emit
+
+
+@dataclass
+class SearchResult:
+    partition: str
+    measurements: list[Measurement]
+    frontier: Frontier  # (time, total energy) Pareto set of measured, non-failed candidates
+    dynamic_frontier: Frontier  # (time, dynamic energy) Pareto set: what composition uses
+    predictions: list[list[dict[str, Any]]] = field(default_factory=list)  # per batch, kept for the record
+
+
+class Searcher(Protocol):
+    def run(self, problem: SearchProblem) -> SearchResult: ...
