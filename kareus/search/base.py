@@ -32,6 +32,7 @@ class SearchResult:
     frontier: Frontier  # (time, total energy) Pareto set of measured, non-failed candidates
     dynamic_frontier: Frontier  # (time, dynamic energy) Pareto set: what composition uses
     predictions: list[list[dict[str, Any]]] = field(default_factory=list)  # per batch, kept for the record
+    gpu_seconds: float = 0.0  # profiling GPU-time this search spent (simulated on the simulated GPU)
 
 
 class Searcher(Protocol):

@@ -1,0 +1,151 @@
+"""``run_mode``: the body of ``python -m kareus`` once the config is valid.
+
+describe: workload, partitions and search-space sizes; nothing measured.
+search:   partition searches (journaled), partition frontiers and ``search_summary.json``.
+run:      search, then composition, execution plans, selection, the frontier table and MLflow record.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+
+from kareus.errors import KareusError
+from kareus.pipeline.context import RunContext, build_context
+
+
+def run_mode(cfg: DictConfig, typed: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    """Run the configured mode; return a small summary (also what tests read)."""
+    console = Console(highlight=False)
+    if not console.is_terminal:  # logs and pipes: wide enough that tables stay readable
+        console = Console(highlight=False, width=160)
+    ctx = build_context(cfg, typed, run_dir)
+    mode = str(getattr(cfg.mode, "value", cfg.mode))
+    if mode == "describe":
+        return _describe(ctx, console)
+    return _search_and_plan(ctx, console, compose=(mode == "run"))
+
+
+def _describe(ctx: RunContext, console: Console) -> dict[str, Any]:
+    from kareus.describe import describe
+    from kareus.pipeline.searching import make_backend, partition_types, space_sizes
+
+    backend = make_backend(ctx)
+    partitions = partition_types(ctx, backend)
+    sizes = space_sizes(ctx, backend, partitions)
+    if ctx.workload is not None and ctx.partitioning is not None:
+        describe(console, ctx.workload, ctx.partitioning, sizes)
+    else:
+        for key, n in sizes.items():
+            console.print(f"{key}: {n} candidates")
+    return {"mode": "describe", "space_sizes": sizes}
+
+
+def _search_and_plan(ctx: RunContext, console: Console, compose: bool) -> dict[str, Any]:
+    from kareus.pipeline.searching import make_backend, make_tasks, partition_types, run_searches, space_sizes
+    from kareus.profiler.journal import JournalMismatchError
+    from kareus.search.output import write_search_outputs
+    from kareus.tracking import Tracker, hydra_context, make_progress
+
+    backend = make_backend(ctx)
+    partitions = partition_types(ctx, backend)
+    sizes = space_sizes(ctx, backend, partitions)
+    tracker = Tracker(ctx.typed["tracking"])
+    hctx = hydra_context()
+    summary: dict[str, Any] = {"mode": "run" if compose else "search", "run_dir": str(ctx.run_dir)}
+    with tracker:
+        tracker.start(OmegaConf.to_container(ctx.cfg, resolve=True, enum_to_str=True),
+                      choices=hctx.get("choices"), overrides=hctx.get("overrides", ()), hardware=ctx.hardware_label,
+                      run_name=hctx.get("run_name"), tags={"config_hash": ctx.config_hash})
+        tasks = make_tasks(ctx, partitions, lambda p: [tracker.partition_listener_factory(p.key, p.slot_labels)])
+        progress = make_progress(bool(ctx.cfg.progress), console=console, simulated=ctx.simulated)
+        try:
+            with progress:
+                results = run_searches(ctx, tasks, listeners=[progress])
+        except JournalMismatchError as err:
+            raise KareusError(f"resume: {err}") from None
+        search_summary = write_search_outputs(ctx.run_dir, results, sizes)
+        profiled = sum(len(r.measurements) for r in results)
+        gpu_seconds = sum(r.gpu_seconds for r in results)
+        summary.update(search=search_summary, profiled=profiled, profiling_gpu_seconds=gpu_seconds)
+        _print_search_summary(console, search_summary, gpu_seconds, ctx)
+        if compose and ctx.partitioning is not None:
+            summary.update(_compose_and_plan(ctx, console, backend, results, tracker, profiled, gpu_seconds))
+    (ctx.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    return summary
+
+
+def _compose_and_plan(ctx: RunContext, console: Console, backend: Any, results: list, tracker: Any,
+                      profiled: int, gpu_seconds: float) -> dict[str, Any]:
+    from kareus.pipeline.composing import compose, measure_fixed_work
+    from kareus.plan import PlanSelectionError, frontier_table, make_plans, select_plan, write_run_outputs
+    from kareus.profiler import Journal, Profiler, ProfilerConfig
+    from kareus.profiler.journal import journal_path_for
+    from kareus.registry import to_dataclass
+    from kareus.tracking import summary_metrics
+
+    journal = Journal.open(journal_path_for(ctx.journal_dir), ctx.config_hash)
+    started = backend.now()
+    try:
+        with Profiler(to_dataclass(ProfilerConfig, ctx.typed["profiler"]), backend, journal) as profiler:
+            residual, reference = measure_fixed_work(ctx, profiler, results)
+    finally:
+        journal.close()
+    fixed_gpu_seconds = backend.now() - started
+    comp = compose(ctx, results, residual, reference)
+    plans = make_plans(comp.frontier, ctx.partitioning, config_hash=ctx.config_hash, hardware=ctx.hardware_label)
+    selected, selection_error = None, None
+    try:
+        selected = select_plan(plans, ctx.typed["plan"])
+    except PlanSelectionError as err:
+        selection_error = str(err)
+    outputs = write_run_outputs(ctx.run_dir, plans, selected, comp.reference)
+    label = "simulated" if ctx.simulated else ctx.hardware_name
+    console.print(frontier_table(plans, comp.reference, selected,
+                                 title=f"Iteration frontier ({label} {ctx.gpu.name}, predicted)"))
+    ref_t, ref_e = comp.reference.time_s, comp.reference.energy_j
+    tracker.log_microbatch_frontiers(_microbatch_frontiers(comp))
+    tracker.log_iteration_frontier(comp.frontier.frontier, reference=(ref_t, ref_e),
+                                   selected=(selected.predicted_time_s, selected.predicted_energy_j) if selected else None)
+    out: dict[str, Any] = {"plans": len(plans), "reference": {"time_s": ref_t, "energy_j": ref_e},
+                           "fixed_work_gpu_seconds": fixed_gpu_seconds}
+    if selected is not None:
+        tracker.log_plan(outputs["plan_selected"])
+        metrics = summary_metrics(selected.predicted_time_s, selected.predicted_energy_j, ref_t, ref_e, profiled,
+                                  gpu_seconds + fixed_gpu_seconds)
+        tracker.log_summary(metrics)
+        out["selected"] = {"time_s": selected.predicted_time_s, "energy_j": selected.predicted_energy_j,
+                           "time_saving_pct": 100 * (1 - selected.predicted_time_s / ref_t),
+                           "energy_saving_pct": 100 * (1 - selected.predicted_energy_j / ref_e)}
+        s = out["selected"]
+        console.print(f"selected plan ({ctx.typed['plan'].select.value if ctx.typed['plan'].deadline_s is None and ctx.typed['plan'].energy_budget_j is None else 'constraint'}): "
+                      f"{s['time_s']:.4f} s, {s['energy_j']:.1f} J per iteration; vs Megatron "
+                      f"{s['time_saving_pct']:+.1f}% time saved, {s['energy_saving_pct']:+.1f}% energy saved ({label})")
+        console.print(f"run directory: {ctx.run_dir}")
+    if selection_error is not None:
+        raise KareusError(f"plan: {selection_error} (the frontier and all plans are in {ctx.run_dir})")
+    return out
+
+
+def _microbatch_frontiers(comp: Any) -> dict[str, Any]:
+    from kareus.frontier import Frontier
+
+    return {f"stage{s}.{d.value}": Frontier.from_arrays([o.time_s for o in opts], [o.dynamic_energy_j for o in opts],
+                                                        opts, objective="dynamic")
+            for (s, d), opts in sorted(comp.options.items(), key=lambda kv: (kv[0][0], kv[0][1].value))}
+
+
+def _print_search_summary(console: Console, summary: dict[str, Any], gpu_seconds: float, ctx: RunContext) -> None:
+    from rich.table import Table
+
+    label = "simulated " if ctx.simulated else ""
+    table = Table(title=f"Partition searches ({ctx.cfg.search.name}, {label}{ctx.gpu.name})")
+    for col in ("partition", "space", "profiled", "failed", "frontier points"):
+        table.add_column(col, justify="right" if col != "partition" else "left")
+    for key, s in summary.items():
+        table.add_row(key, str(s["space"]), str(s["profiled"]), str(s["failed"]), str(s.get("frontier_points", "")))
+    console.print(table)
+    console.print(f"profiling cost: {gpu_seconds / 3600:.2f} {label}GPU-hours")

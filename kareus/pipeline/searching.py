@@ -1,0 +1,43 @@
+"""The search stage: one task per partition type, run by the configured launcher, outputs written."""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from kareus.launch import PartitionSearchTask, journal_path_for
+from kareus.pipeline.context import RunContext
+from kareus.registry import HARDWARE, LAUNCHERS
+from kareus.search import build_space
+from kareus.search.base import SearchResult
+from kareus.types import PartitionType
+
+
+def partition_types(ctx: RunContext, backend: Any) -> list[PartitionType]:
+    """The partitions to search: the workload's, or (replay without a model) the table's."""
+    if ctx.partitioning is not None:
+        return list(ctx.partitioning.types)
+    return list(backend.partitions())
+
+
+def space_sizes(ctx: RunContext, backend: Any, partitions: Sequence[PartitionType]) -> dict[str, int]:
+    space_cfg = ctx.typed["search"].space
+    return {p.key: len(build_space(p, ctx.gpu, space_cfg, fixed=backend.space(p))) for p in partitions}
+
+
+def make_backend(ctx: RunContext) -> Any:
+    return HARDWARE.build(ctx.hardware_name, config=ctx.typed["hardware"], seed=int(ctx.cfg.seed))
+
+
+def make_tasks(ctx: RunContext, partitions: Sequence[PartitionType],
+               listener_factories: Callable[[PartitionType], list[Any]]) -> list[PartitionSearchTask]:
+    hardware, search, profiler = ctx.section("hardware"), ctx.section("search"), ctx.section("profiler")
+    journal = str(journal_path_for(ctx.journal_dir))
+    return [PartitionSearchTask(partition=p, hardware=hardware, search=search, profiler=profiler,
+                                seed=int(ctx.cfg.seed), journal_path=journal, config_hash=ctx.config_hash,
+                                listener_factories=listener_factories(p))
+            for p in partitions]
+
+
+def run_searches(ctx: RunContext, tasks: Sequence[PartitionSearchTask],
+                 listeners: Sequence[Callable[[Any], None]] = ()) -> list[SearchResult]:
+    launcher = LAUNCHERS.build(str(ctx.cfg.launcher.name), config=ctx.typed["launcher"])
+    return launcher.run(list(tasks), listeners=listeners)
