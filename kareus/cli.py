@@ -21,14 +21,32 @@ def _run_dir() -> Path:
 
 
 def _fail(lines: list[str], run_dir: Path | None) -> NoReturn:
-    """Print one line per problem, remove what Hydra created for this job, exit non-zero."""
+    """Print one line per problem, remove the job folder if it holds only Hydra's files, exit 2."""
     for line in lines:
         print(f"error: {line}", file=sys.stderr)
-    if run_dir is not None and run_dir.exists():
-        created = {p.name for p in run_dir.iterdir()}
-        if created <= {".hydra", "kareus.log", "__main__.log", "main.log"}:
-            shutil.rmtree(run_dir, ignore_errors=True)
+    if run_dir is not None:
+        _remove_job_dir(run_dir)
     sys.exit(2)
+
+
+def _remove_job_dir(run_dir: Path) -> None:
+    """Delete a refused job's folder (only Hydra's own files in it) and its parents left empty."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not run_dir.exists():
+        return
+    hydra_files = {".hydra", f"{HydraConfig.get().job.name}.log"}
+    if not {p.name for p in run_dir.iterdir()} <= hydra_files:
+        return
+    shutil.rmtree(run_dir, ignore_errors=True)
+    try:
+        rel = run_dir.resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        return  # outside the working directory: leave its parents alone
+    for parent in (Path.cwd() / rel).parents:
+        if parent.resolve() == Path.cwd().resolve() or any(parent.iterdir()):
+            break
+        parent.rmdir()
 
 
 def _group_options(group: str) -> list[str]:

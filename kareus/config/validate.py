@@ -110,9 +110,31 @@ def validate_model_parallel(model: Any, p: Any, gpus_per_node: int) -> list[str]
     return problems
 
 
+def _unknown_keys(prefix: str, node: Any) -> list[str]:
+    """Keys a schema does not know. ``+key=value`` bypasses Hydra's struct check, so look again."""
+    import dataclasses
+
+    from omegaconf import DictConfig, OmegaConf
+
+    if not isinstance(node, DictConfig):
+        return []
+    out: list[str] = []
+    cls = OmegaConf.get_type(node)
+    known = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else None
+    for key in node.keys():
+        if known is not None and key not in known:
+            out.append(f"{prefix}{key}: unknown key; known: {', '.join(sorted(known))}")
+            continue
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
+            out += _unknown_keys(f"{prefix}{key}.", child)
+    return out
+
+
 def validate(cfg: Any) -> dict[str, Any]:
     """Check a composed config; return the typed sections, or raise ConfigError listing every problem."""
-    problems: list[str] = []
+    problems: list[str] = _unknown_keys("", cfg)
+    problems += [f"{key}: missing value" for key in sorted(_missing_keys(cfg))]
     typed: dict[str, Any] = {}
     for key in (*REGISTRY_SECTIONS, *PLAIN_SECTIONS):
         sec = _typed_section(key, cfg.get(key), problems)
@@ -123,11 +145,13 @@ def validate(cfg: Any) -> dict[str, Any]:
         try:
             gpu = typed["hardware"].gpu_spec()
         except Exception as exc:
-            problems.append(f"hardware: {_first_line(exc)}")
+            problems += [ln if ln.startswith("hardware") else f"hardware: {ln}" for ln in str(exc).splitlines() if ln]
     mode = str(getattr(cfg.mode, "value", cfg.mode))
     model = cfg.get("model")
+    if model is not None and _missing_keys(model):
+        model = None  # its missing keys are reported above; rules over it would only repeat them
     model_free = "hardware" in typed and getattr(typed["hardware"], "name", "") == "replay" and mode == "search"
-    if model is None and not model_free:
+    if cfg.get("model") is None and not model_free:
         problems.append("model: no model selected")
     problems += validate_model_parallel(model, cfg.parallel, gpu.gpus_per_node if gpu else 8)
     ctx = ValidationContext(gpu=gpu, parallel=cfg.parallel, model=model, mode=mode)
@@ -143,3 +167,9 @@ def validate(cfg: Any) -> dict[str, Any]:
     if problems:
         raise ConfigError(problems)
     return typed
+
+
+def _missing_keys(node: Any) -> set[str]:
+    from omegaconf import DictConfig, OmegaConf
+
+    return set(OmegaConf.missing_keys(node)) if isinstance(node, DictConfig) else set()

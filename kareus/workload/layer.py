@@ -1,0 +1,107 @@
+"""One transformer layer's forward and backward kernels, in the order Megatron-core launches them.
+
+Forward: input RMSNorm, QKV GEMM (column-parallel), [qk-norm], rotary, [CP all-gather of K/V],
+causal flash attention, output projection (row-parallel), [TP all-reduce | reduce-scatter under SP],
+bias-dropout-add, pre-MLP RMSNorm, FC1 (SwiGLU: 2*ffn wide, column-parallel), SwiGLU, FC2
+(row-parallel), [TP all-reduce | reduce-scatter], bias-dropout-add. Under sequence parallelism an
+all-gather precedes each column-parallel GEMM.
+
+Backward runs the reverse; each GEMM becomes dgrad then wgrad, and the column-parallel input gradient
+is all-reduced (reduce-scattered under SP) after both. Context parallelism (all-gather flavour, as
+Transformer Engine runs it) gathers K/V again before the attention backward and reduce-scatters dK/dV.
+Not modelled: Megatron's overlap of the input-gradient all-reduce with wgrad (the sequential baseline
+runs them in order), and the re-gather of a column-parallel GEMM's input for wgrad under SP.
+"""
+from __future__ import annotations
+
+from kareus.types import Collective, Link, ModelSpec, Op, OpKind
+from kareus.workload.ops import comm, gemm, memory
+from kareus.workload.shapes import BYTES, Shard
+
+ATTENTION_BWD_FACTOR = 2.5  # flash attention backward: 5 matmuls against the forward's 2
+
+
+def _tp_out(name: str, s: Shard, sp: bool, link: Link) -> list[Op]:
+    """The collective after a row-parallel GEMM (forward) or a column-parallel dgrad (backward)."""
+    if s.tp == 1:
+        return []
+    if sp:
+        return [comm(f"{name}_reducescatter", Collective.REDUCE_SCATTER, s.sp_tokens * s.hidden * BYTES, s.tp, link)]
+    return [comm(f"{name}_allreduce", Collective.ALL_REDUCE, s.tokens * s.hidden * BYTES, s.tp, link)]
+
+
+def _sp_in(name: str, s: Shard, sp: bool, link: Link) -> list[Op]:
+    """The all-gather before a column-parallel GEMM (forward) or a row-parallel dgrad (backward) under SP."""
+    if s.tp == 1 or not sp:
+        return []
+    return [comm(f"{name}_allgather", Collective.ALL_GATHER, s.sp_tokens * s.hidden * BYTES, s.tp, link)]
+
+
+def attention_flops(s: Shard) -> float:
+    """Causal flash-attention forward FLOPs of one nanobatch on one GPU."""
+    return 4.0 * s.causal_pairs * s.q_local
+
+
+def layer_forward(model: ModelSpec, s: Shard, sp: bool, tp_link: Link, cp_link: Link) -> tuple[Op, ...]:
+    T, Ts, h = s.tokens, s.sp_tokens, s.hidden
+    qk = s.q_local + s.kv_local
+    ops: list[Op] = [memory("input_norm", OpKind.NORM, Ts * h, 4, 2)]
+    ops += _sp_in("attn", s, sp, tp_link)
+    ops.append(gemm("qkv", T, h, s.q_local + 2 * s.kv_local))
+    if model.qk_layernorm:
+        ops.append(memory("qk_norm", OpKind.NORM, T * qk, 4, 2))
+    ops.append(memory("rope", OpKind.ROPE, T * qk, 3, 2))
+    if s.cp > 1:
+        ops.append(comm("cp_kv_allgather", Collective.ALL_GATHER, 2 * T * s.kv_local * BYTES, s.cp, cp_link))
+    ops.append(Op("attention", OpKind.ATTENTION, flops=attention_flops(s),
+                  bytes=float(BYTES * (2 * T * s.q_local + 2 * s.kv_tokens * s.kv_local))))
+    ops.append(gemm("attn_proj", T, s.q_local, h))
+    ops += _tp_out("attn", s, sp, tp_link)
+    ops.append(memory("attn_bda", OpKind.ELEMENTWISE, Ts * h, 2, 3))
+    ops.append(memory("pre_mlp_norm", OpKind.NORM, Ts * h, 4, 2))
+    ops += _sp_in("mlp", s, sp, tp_link)
+    ops.append(gemm("fc1", T, h, 2 * s.ffn_local))
+    ops.append(memory("swiglu", OpKind.ELEMENTWISE, T * s.ffn_local, 5, 3))
+    ops.append(gemm("fc2", T, s.ffn_local, h))
+    ops += _tp_out("mlp", s, sp, tp_link)
+    ops.append(memory("mlp_bda", OpKind.ELEMENTWISE, Ts * h, 2, 3))
+    return tuple(ops)
+
+
+def _grads(name: str, m: int, k: int, n: int) -> list[Op]:
+    """dgrad and wgrad of the forward GEMM ``[m,k] x [k,n]``."""
+    return [gemm(f"{name}_dgrad", m, n, k), gemm(f"{name}_wgrad", k, m, n)]
+
+
+def layer_backward(model: ModelSpec, s: Shard, sp: bool, tp_link: Link, cp_link: Link) -> tuple[Op, ...]:
+    T, Ts, h = s.tokens, s.sp_tokens, s.hidden
+    qk = s.q_local + s.kv_local
+    ops: list[Op] = [memory("mlp_bda_bwd", OpKind.ELEMENTWISE, Ts * h, 1, 2)]
+    ops += [_rename(o, "_bwd") for o in _sp_in("mlp", s, sp, tp_link)]
+    ops += _grads("fc2", T, s.ffn_local, h)
+    ops.append(memory("swiglu_bwd", OpKind.ELEMENTWISE, T * s.ffn_local, 8, 5))
+    ops += _grads("fc1", T, h, 2 * s.ffn_local)
+    ops += [_rename(o, "_bwd") for o in _tp_out("fc1", s, sp, tp_link)]
+    ops.append(memory("pre_mlp_norm_bwd", OpKind.NORM, Ts * h, 8, 4))
+    ops.append(memory("attn_bda_bwd", OpKind.ELEMENTWISE, Ts * h, 1, 2))
+    ops += [_rename(o, "_bwd") for o in _sp_in("attn", s, sp, tp_link)]
+    ops += _grads("attn_proj", T, s.q_local, h)
+    if s.cp > 1:
+        ops.append(comm("cp_kv_allgather_bwd", Collective.ALL_GATHER, 2 * T * s.kv_local * BYTES, s.cp, cp_link))
+    ops.append(Op("attention_bwd", OpKind.ATTENTION, flops=ATTENTION_BWD_FACTOR * attention_flops(s),
+                  bytes=float(BYTES * (4 * T * s.q_local + 4 * s.kv_tokens * s.kv_local))))
+    if s.cp > 1:
+        ops.append(comm("cp_dkv_reducescatter", Collective.REDUCE_SCATTER, 2 * T * s.kv_local * BYTES, s.cp, cp_link))
+    ops.append(memory("rope_bwd", OpKind.ROPE, T * qk, 3, 2))
+    if model.qk_layernorm:
+        ops.append(memory("qk_norm_bwd", OpKind.NORM, T * qk, 8, 3))
+    ops += _grads("qkv", T, h, s.q_local + 2 * s.kv_local)
+    ops += [_rename(o, "_bwd") for o in _tp_out("qkv", s, sp, tp_link)]
+    ops.append(memory("input_norm_bwd", OpKind.NORM, Ts * h, 8, 4))
+    return tuple(ops)
+
+
+def _rename(op: Op, suffix: str) -> Op:
+    from dataclasses import replace
+
+    return replace(op, name=op.name + suffix)

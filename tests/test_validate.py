@@ -1,0 +1,417 @@
+"""validate(): one test per cross-field rule, each asserting its exact problem line (key + message).
+
+Configs are composed with Hydra exactly as the CLI composes them; plain value overrides are then
+applied with Hydra's own override parser and merge rule, so only group choices cost a composition.
+"""
+from __future__ import annotations
+
+import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
+
+from conftest import compose_config
+from kareus.config.validate import ConfigError, validate
+from kareus.registry import FREQUENCY_CONTROLLERS, SEARCHERS
+
+BASE = ("+model=qwen1.7b", "parallel=pp2_tp8")
+# Other group choices, bundled so that each costs one composition.
+ALT1 = ("compose=perseus", "launcher=process", "profiler/cooldown=temperature", "search=artifact")
+ALT2 = ("launcher=ray", "profiler/cooldown=predictive", "search=random")
+TOP_LEVEL_VALUES = ("mode", "seed", "progress", "resume")  # plain values, not config groups
+_PARSER = OverridesParser.create()
+
+
+def _is_group_choice(override: str) -> bool:
+    key = override.split("=", 1)[0].lstrip("+")
+    return key.startswith(("~", "hydra.")) or ("." not in key and key not in TOP_LEVEL_VALUES)
+
+
+def configured(*overrides: str):
+    """The composed config: group choices through Hydra, values merged as Hydra merges overrides."""
+    groups = tuple(o for o in overrides if _is_group_choice(o))
+    cfg = compose_config(*groups)
+    for ov in _PARSER.parse_overrides([o for o in overrides if not _is_group_choice(o)]):
+        OmegaConf.update(cfg, ov.key_or_group, ov.value(), merge=True, force_add=ov.is_add())
+    return cfg
+
+
+def problems(*overrides: str, base: tuple[str, ...] = BASE) -> list[str]:
+    """Every problem validate() reports for base + overrides ([] when the config is usable)."""
+    try:
+        validate(configured(*base, *overrides))
+    except ConfigError as err:
+        return list(err.problems)
+    return []
+
+
+@pytest.fixture(scope="module")
+def hw():
+    """The default GPU's datasheet values (the expected lines quote them)."""
+    return compose_config(*BASE).hardware
+
+
+# ---------------------------------------------------------------------------------------- baseline
+
+
+def test_documented_config_has_no_problems_and_returns_typed_sections():
+    cfg = configured(*BASE, "search=mbo")
+    typed = validate(cfg)  # raises ConfigError listing every problem otherwise
+    from kareus.search.config import MBOConfig
+
+    assert isinstance(typed["search"], MBOConfig)
+    assert set(typed) >= {"hardware", "partitioner", "search", "compose", "launcher", "profiler", "plan", "tracking"}
+
+
+@pytest.mark.parametrize("groups", [ALT1, ALT2], ids=["alt1", "alt2"])
+def test_component_rules_run_without_error(groups):
+    """validate() calls every section's problems(ctx); none may fail to be checked."""
+    assert problems(*groups) == []
+
+
+# ----------------------------------------------------------------------------- model and parallel
+
+
+@pytest.mark.parametrize("field", ["tp", "pp", "cp", "dp", "micro_batch_size", "num_microbatches",
+                                   "seq_len", "nanobatches"])
+def test_parallel_sizes_must_be_positive(field):
+    assert f"parallel.{field}: must be >= 1, got 0" in problems(f"parallel.{field}=0")
+
+
+def test_micro_batch_must_split_into_nanobatches():
+    assert problems("parallel.micro_batch_size=7") == [
+        "parallel.micro_batch_size: 7 does not split into parallel.nanobatches=2 equal nanobatches"]
+
+
+def test_cp_must_divide_sequence_twice():
+    assert problems("parallel.tp=4", "parallel.cp=2", "parallel.seq_len=8190") == [
+        "parallel.cp: seq_len 8190 must be divisible by 2*cp=4 (causal load balancing)"]
+
+
+def test_tp_times_cp_must_fit_one_node():
+    assert problems("parallel.tp=4", "parallel.cp=4") == [
+        "parallel.tp: tp*cp=16 GPUs do not fit one node of 8 GPUs"]
+
+
+def test_node_size_comes_from_the_hardware():
+    assert problems("hardware.gpus_per_node=4") == ["parallel.tp: tp*cp=8 GPUs do not fit one node of 4 GPUs"]
+
+
+def test_pipeline_needs_at_least_pp_microbatches():
+    assert problems("parallel.num_microbatches=1") == [
+        "parallel.num_microbatches: 1 is fewer than pp=2; the 1F1B pipeline would never fill"]
+
+
+def test_tp_must_divide_attention_heads():
+    assert problems("model.num_attention_heads=20", "model.num_kv_heads=4") == [
+        "parallel.tp: 8 does not divide model.num_attention_heads=20"]
+
+
+def test_tp_must_divide_or_be_a_multiple_of_kv_heads():
+    assert problems("parallel.tp=4", "model.num_attention_heads=24", "model.num_kv_heads=6") == [
+        "parallel.tp: 4 neither divides nor is a multiple of model.num_kv_heads=6"]
+
+
+def test_tp_above_kv_heads_is_allowed():
+    """GQA with more TP ranks than KV heads replicates the KV heads (Megatron allows it)."""
+    assert problems("parallel.tp=8", "model.num_kv_heads=4") == []
+
+
+def test_kv_heads_must_divide_attention_heads():
+    assert problems("parallel.tp=1", "model.num_kv_heads=3") == [
+        "model.num_kv_heads: 3 does not divide model.num_attention_heads=16"]
+
+
+def test_tp_must_divide_ffn():
+    assert problems("model.ffn_hidden_size=6004") == ["parallel.tp: 8 does not divide model.ffn_hidden_size=6004"]
+
+
+def test_pp_must_divide_layers():
+    assert problems("parallel.pp=3") == [
+        "parallel.pp: 3 does not divide model.num_layers=28; set parallel.layer_split to split unevenly"]
+
+
+def test_explicit_layer_split_allows_uneven_stages():
+    assert problems("parallel.pp=3", "parallel.layer_split=[9,9,10]") == []
+
+
+def test_layer_split_needs_one_entry_per_stage():
+    assert problems("parallel.layer_split=[28]") == ["parallel.layer_split: has 1 entries for pp=2 stages"]
+
+
+@pytest.mark.parametrize("split", ["[10,10]", "[0,28]"])
+def test_layer_split_must_be_positive_and_sum_to_layers(split):
+    shown = split.replace(",", ", ")
+    assert problems(f"parallel.layer_split={split}") == [
+        f"parallel.layer_split: {shown} must be positive and sum to model.num_layers=28"]
+
+
+def test_a_run_needs_a_model():
+    try:
+        validate(configured("parallel=pp2_tp8"))
+    except ConfigError as err:
+        assert err.problems == ["model: no model selected"]
+    else:
+        pytest.fail("a config without a model validated")
+
+
+def test_replay_search_needs_no_model():
+    """Searching a recorded table needs no workload: hardware=replay with mode=search."""
+    cfg = configured("parallel=pp2_tp8", "hardware=replay", "mode=search")
+    try:
+        validate(cfg)
+    except ConfigError as err:
+        assert not [p for p in err.problems if p.startswith("model")]
+
+
+def test_replay_outside_search_mode_still_needs_a_model():
+    assert "model: no model selected" in problems("hardware=replay", "mode=run", base=("parallel=pp2_tp8",))
+
+
+def test_nanobatch_partitioner_needs_two_nanobatches():
+    """The nanobatch partitioner refuses other counts at run time; validate() must say so first."""
+    assert compose_config(*BASE).partitioner.name == "nanobatch"
+    got = problems("parallel.nanobatches=4")
+    assert [p for p in got if p.startswith("partitioner") and "nanobatches" in p and "4" in p], got
+
+
+# ------------------------------------------------------------------------- registry-chosen sections
+
+
+def test_unknown_component_name_lists_the_known_ones():
+    assert problems("search.name=bogus") == [
+        f"search.name: unknown searcher 'bogus'; known: {', '.join(SEARCHERS.names())}"]
+
+
+def _hardware_lines(got: list[str], message: str) -> list[str]:
+    """Lines of the hardware section ending in ``message`` (the section prefix may be "hardware: ")."""
+    return [p for p in got if p.startswith("hardware") and p.endswith(message)]
+
+
+def test_hardware_comm_sms_within_the_gpu(hw):
+    got = problems("hardware.max_comm_sms=200")
+    assert len(got) == 1 and _hardware_lines(got, f"hardware.max_comm_sms must be in 1..{hw.sms - 1}, got 200"), got
+
+
+def test_hardware_clock_range(hw):
+    got = problems("hardware.min_mhz=1500")
+    assert _hardware_lines(got, f"hardware clocks must satisfy 0 < min_mhz <= max_mhz, got 1500..{hw.max_mhz}"), got
+
+
+def test_hardware_problems_are_reported_together():
+    got = problems("hardware.sms=0", "hardware.step_mhz=0")
+    assert _hardware_lines(got, "hardware.sms must be positive, got 0"), got
+    assert _hardware_lines(got, "hardware.step_mhz must be positive, got 0"), got
+
+
+# ---------------------------------------------------------------------------------------- search
+
+SEARCH_RULES = [
+    ("search.budget=0", "search.budget=0 must be > 0"),
+    ("search.budget_frac=1.5", "search.budget_frac=1.5 must be in (0, 1]"),
+    ("search.budget_frac=0", "search.budget_frac=0.0 must be in (0, 1]"),
+    ("search.batch_size=0", "search.batch_size=0 must be > 0"),
+    ("search.initial=0", "search.initial=0 must be > 0"),
+    ("search.passes=[]", "search.passes must name at least one pass"),
+    ("search.passes=[total,total]", "search.passes has duplicates: ['total', 'total']"),
+    ("search.shares.total=-0.1", "search.shares must be >= 0: {'total': -0.1}"),
+    ("search.surrogate.members=1", "search.surrogate.members must be >= 2 (the spread is the uncertainty)"),
+    ("search.surrogate.max_depth=13", "search.surrogate.max_depth=13 must be in 1..12"),
+    ("search.surrogate.threads=0", "search.surrogate.rounds and threads must be > 0"),
+    ("search.kappa=-1", "search.kappa, stop_gain and ref_margin must be >= 0"),
+]
+
+
+@pytest.mark.parametrize("override,line", SEARCH_RULES, ids=[o for o, _ in SEARCH_RULES])
+def test_search_rule(override, line):
+    assert problems(override) == [line]
+
+
+def test_search_shares_name_known_passes():
+    assert problems("+search.shares.bogus=0.5") == [
+        "search.shares: unknown pass(es) ['bogus']; known: "
+        "['dynamic', 'fastest', 'spread', 'static', 'total', 'uncertainty']"]
+
+
+def test_search_shares_of_chosen_passes_must_not_be_all_zero():
+    assert problems("search.passes=[fastest]", "search.shares.fastest=0") == [
+        "search.shares of the chosen passes sum to 0"]
+
+
+@pytest.mark.parametrize("groups", [ALT1, ALT2], ids=["artifact", "random"])
+def test_every_searcher_checks_its_budget(groups):
+    assert problems(*groups, "search.budget=-3") == ["search.budget=-3 must be > 0"]
+
+
+def test_artifact_policy_shares():
+    got = problems(*ALT1, "search.shares_total=1.0")
+    assert [p for p in got if p.startswith("search") and p.endswith("sum to <= 1 (got 1.4)")], got
+    assert not [p for p in got if p.startswith("search.search")], f"section named twice: {got}"
+
+
+# ------------------------------------------------------------------- search space against the GPU
+
+
+def test_space_sms_within_the_gpu(hw):
+    assert problems("search.space.sms=[0,200]") == [
+        f"search.space.sms: [0, 200] outside 1..{hw.sms - 1} for {hw.gpu}"]
+
+
+def test_space_sms_are_checked_against_the_chosen_gpu(hw):
+    assert problems("hardware.sms=64", "search.space.sms=[8,80]") == [
+        f"search.space.sms: [80] outside 1..63 for {hw.gpu}"]
+
+
+def test_space_needs_sm_counts():
+    assert problems("search.space.sms_min=10", "search.space.sms_max=4") == [
+        "search.space: no SM counts (check sms / sms_min / sms_max / sms_step)"]
+
+
+@pytest.mark.parametrize("step", [0, -2])
+def test_space_sm_step_must_be_positive(step):
+    assert "search.space.sms_step must be > 0" in problems(f"search.space.sms_step={step}")
+
+
+def test_space_clock_step_on_the_gpu_grid(hw):
+    assert problems("search.space.freq_mhz.step=20") == [
+        f"search.space.freq_mhz.step=20 must be a positive multiple of {hw.gpu}'s {hw.step_mhz} MHz step"]
+
+
+@pytest.mark.parametrize("bound,value", [("min", 100), ("max", 1500)])
+def test_space_clocks_within_gpu_range(hw, bound, value):
+    assert problems(f"search.space.freq_mhz.{bound}={value}") == [
+        f"search.space.freq_mhz.{bound}={value} outside {hw.gpu}'s {hw.min_mhz}..{hw.max_mhz} MHz"]
+
+
+def test_space_clock_min_not_above_max():
+    assert problems("search.space.freq_mhz.min=1200", "search.space.freq_mhz.max=900") == [
+        "search.space.freq_mhz: min 1200 > max 900"]
+
+
+def test_space_min_frac_in_unit_interval():
+    assert problems("search.space.freq_mhz.min_frac=0") == ["search.space.freq_mhz.min_frac=0.0 must be in (0, 1]"]
+
+
+def test_space_needs_a_clock():
+    assert problems("search.space.freq_mhz.max=300") == ["search.space.freq_mhz: no clock in range"]
+
+
+def test_space_top_clock_must_be_a_supported_clock(hw):
+    """Clocks are counted down from freq_mhz.max, so an off-grid max makes every searched clock unsupported."""
+    off_grid = hw.max_mhz - hw.step_mhz // 2 - 1 if hw.step_mhz > 2 else None
+    if off_grid is None:
+        pytest.skip("the GPU's clock step has no off-grid values")
+    assert problems(f"search.space.freq_mhz.max={hw.max_mhz - hw.step_mhz}") == []
+    got = problems(f"search.space.freq_mhz.max={off_grid}")
+    assert [p for p in got if p.startswith("search.space.freq_mhz.max")], got
+
+
+# -------------------------------------------------------------------------------------- profiler
+
+PROFILER_RULES = [
+    ("profiler.target_window_s=0 profiler.min_window_s=0", "profiler.target_window_s=0.0 must be > 0"),
+    ("profiler.min_window_s=-1", "profiler.min_window_s=-1.0 must be >= 0"),
+    ("profiler.min_window_s=6", "profiler.min_window_s=6.0 exceeds target_window_s=5.0"),
+    ("profiler.settle_s=-1", "profiler.settle_s=-1.0 must be >= 0"),
+    ("profiler.warmup_runs=-1", "profiler.warmup_runs=-1 must be >= 0"),
+    ("profiler.calibration_runs=0", "profiler.calibration_runs=0 must be >= 1"),
+    ("profiler.max_executions=0", "profiler.max_executions=0 must be >= 1"),
+    ("profiler.repeats=0", "profiler.repeats=0 must be >= 1"),
+    ("profiler.retries=-1", "profiler.retries=-1 must be >= 0"),
+    ("profiler.mad_threshold=0", "profiler.mad_threshold=0.0 must be > 0"),
+]
+
+
+@pytest.mark.parametrize("override,line", PROFILER_RULES, ids=[o for o, _ in PROFILER_RULES])
+def test_profiler_rule(override, line):
+    assert problems(*override.split()) == [line]
+
+
+@pytest.mark.parametrize("groups,override,line", [
+    ((), "profiler.cooldown.seconds=-1", "profiler.cooldown.seconds=-1.0 must be >= 0"),  # fixed
+    (ALT1, "profiler.cooldown.poll_s=0", "profiler.cooldown.poll_s=0.0 must be > 0"),  # temperature
+    (ALT2, "profiler.cooldown.delta_c=0", "profiler.cooldown.delta_c=0.0 must be > 0"),  # predictive
+], ids=["fixed", "temperature", "predictive"])
+def test_cooldown_rule(groups, override, line):
+    assert problems(*groups, override) == [line]
+
+
+def test_frequency_controller_must_be_known():
+    assert problems("profiler.frequency.name=bogus") == [
+        f"profiler.frequency.name='bogus' is unknown; known: {', '.join(FREQUENCY_CONTROLLERS.names())}"]
+
+
+# --------------------------------------------------------------------------------- plan and compose
+
+
+@pytest.mark.parametrize("overrides,line", [
+    (("plan.deadline_s=-1",), "plan.deadline_s must be positive seconds (got -1.0)"),
+    (("plan.energy_budget_j=0",), "plan.energy_budget_j must be positive joules (got 0.0)"),
+    (("plan.deadline_s=2", "plan.energy_budget_j=5000"),
+     "plan.deadline_s and plan.energy_budget_j are exclusive: set at most one"),
+])
+def test_plan_rule(overrides, line):
+    assert problems(*overrides) == [line]
+
+
+@pytest.mark.parametrize("overrides,line", [
+    (("compose.num_deadlines=1",), "compose.num_deadlines must be at least 2 (got 1)"),  # kareus
+    (("compose.repair_passes=-1",), "compose.repair_passes must be >= 0 (got -1)"),
+    ((*ALT1, "compose.unit_time_s=0"), "compose.unit_time_s must be positive (got 0.0)"),  # perseus
+    ((*ALT1, "compose.cost_model=bogus"), "compose.cost_model must be 'hull' or 'exponential' (got 'bogus')"),
+    ((*ALT1, "compose.max_steps=-1"), "compose.max_steps must be >= 0 (got -1)"),
+])
+def test_compose_rule(overrides, line):
+    assert problems(*overrides) == [line]
+
+
+@pytest.mark.parametrize("overrides,line", [
+    ((*ALT1, "launcher.workers=-1"), "launcher.workers=-1 must be >= 0"),  # process
+    ((*ALT1, "launcher.start_method=bogus"), "launcher.start_method='bogus' must be spawn, forkserver or fork"),
+    ((*ALT2, "launcher.gpus_per_task=-1"), "launcher.gpus_per_task=-1.0 must be >= 0"),  # ray
+    ((*ALT2, "launcher.cpus_per_task=-1"), "launcher.cpus_per_task=-1.0 must be >= 0"),
+])
+def test_launcher_rule(overrides, line):
+    assert problems(*overrides) == [line]
+
+
+# ------------------------------------------------------------------------------------ all at once
+
+
+def test_every_problem_is_reported_together(hw):
+    got = problems("parallel.tp=3", "parallel.num_microbatches=1", "search.budget=0",
+                   "search.space.sms=[500]", "profiler.repeats=0", "plan.deadline_s=-1",
+                   "compose.num_deadlines=1")
+    expected = [
+        "parallel.num_microbatches: 1 is fewer than pp=2; the 1F1B pipeline would never fill",
+        "parallel.tp: 3 does not divide model.num_attention_heads=16",
+        "parallel.tp: 3 neither divides nor is a multiple of model.num_kv_heads=8",
+        "search.budget=0 must be > 0",
+        f"search.space.sms: [500] outside 1..{hw.sms - 1} for {hw.gpu}",
+        "profiler.repeats=0 must be >= 1",
+        "plan.deadline_s must be positive seconds (got -1.0)",
+        "compose.num_deadlines must be at least 2 (got 1)",
+    ]
+    assert sorted(got) == sorted(expected)
+    assert str(ConfigError(got)).splitlines() == got
+
+
+# -------------------------------------------------------------------- what composition lets through
+
+
+@pytest.mark.parametrize("override,key", [("+search.pases=[total]", "search.pases"),
+                                          ("+parallel.ttp=2", "parallel.ttp")])
+def test_appended_unknown_key_is_a_problem(override, key):
+    """``+key=value`` bypasses the schema's struct flag at composition; validate() must still refuse it."""
+    got = problems(override)
+    assert [p for p in got if p.startswith(key)], got
+
+
+def test_user_model_with_missing_keys_is_reported_not_raised(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "half.yaml").write_text("name: half\nnum_layers: 4\nhidden_size: 512\n")
+    cfg = compose_config(f"hydra.searchpath=[file://{tmp_path}]", "+model=half", "parallel=pp2_tp2")
+    with pytest.raises(ConfigError) as info:
+        validate(cfg)
+    got = info.value.problems
+    for key in ("ffn_hidden_size", "num_attention_heads", "num_kv_heads", "head_dim", "vocab_size"):
+        assert [p for p in got if p.startswith(f"model.{key}")], got
