@@ -1,0 +1,223 @@
+"""The simulated GPU's physics: kernel rooflines, ring collectives, the overlap of two streams, power.
+
+Pure functions of (config, partition, knobs), so the backend can cache them and the fidelity
+benchmark can fit them. One partition execution is an event simulation of three actors: the host
+issuing ops (a kernel cannot start before it is issued), the compute stream, and the comm stream.
+While the comm kernel runs beside a compute kernel, it holds ``sms`` SMs that the compute kernel
+loses (with wave quantization for GEMMs), both draw on HBM, and the comm kernel is slowed by the
+co-running kernel: by ``contention_sm`` beside any kernel, plus ``contention_hbm`` times the
+kernel's HBM load (a streaming kernel queues the comm kernel's latency-bound memory accesses).
+Energy per execution: SM energy follows each kernel's work (activity x f V(f)^2), the comm kernel's
+SMs draw power while it runs, plus HBM and link traffic; static energy (static power x time, scaled
+by voltage and, in the backend, temperature) is added by the caller.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from kareus.types import Collective, Link, Op, OpKind, PartitionType
+
+TENSOR_KINDS = (OpKind.GEMM, OpKind.ATTENTION)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One execution: time, dynamic energy (SMs, HBM, links) and the static-power voltage factor."""
+
+    time_s: float
+    dynamic_j: float
+    static_scale: float  # static power = static_power_w x this x temperature factor
+    freq_mhz: int
+    overlap_s: float = 0.0  # time both streams ran together
+    exposed_comm_s: float = 0.0  # time the comm ran with the compute stream idle or waiting
+
+
+def voltage_ratio(cfg, mhz: float) -> float:
+    """V(f)/V(f_max): flat at low clocks, rising linearly from the knee to the top clock."""
+    if mhz <= cfg.v_knee_mhz or cfg.max_mhz <= cfg.v_knee_mhz:
+        v = cfg.v_min
+    else:
+        v = cfg.v_min + (cfg.v_max - cfg.v_min) * (min(mhz, cfg.max_mhz) - cfg.v_knee_mhz) / (cfg.max_mhz - cfg.v_knee_mhz)
+    return v / cfg.v_max
+
+
+def sm_power_scale(cfg, mhz: float) -> float:
+    """Dynamic SM power relative to the top clock: f V(f)^2."""
+    return (mhz / cfg.max_mhz) * voltage_ratio(cfg, mhz) ** 2
+
+
+def op_times(cfg, op: Op, mhz: float, sms: int, hbm_mult: float = 1.0) -> tuple[float, float]:
+    """(compute time, memory time) of one kernel on ``sms`` SMs; its time is the larger (roofline)."""
+    fr = mhz / cfg.max_mhz
+    total = cfg.sms
+    if op.kind in TENSOR_KINDS:
+        eff = cfg.eff_gemm if op.kind is OpKind.GEMM else cfg.eff_attention
+        ideal = op.flops / (cfg.peak_tflops * 1e12 * eff * fr) if op.flops else 0.0
+        tiles = max(1.0, math.ceil(op.flops / cfg.gemm_tile_flops))
+        # waves on the SMs left, relative to the (already quantized) waves on the whole GPU
+        t_cmp = ideal * math.ceil(tiles / max(sms, 1)) / math.ceil(tiles / total)
+    else:
+        t_cmp = op.flops / (cfg.vector_tflops * 1e12 * fr) * total / max(sms, 1) if op.flops else 0.0
+    need = max(1.0, cfg.memory_sat_frac * total)
+    bw = cfg.hbm_gbps * 1e9 * cfg.eff_memory * min(1.0, sms / need)
+    t_mem = op.bytes / bw * hbm_mult if op.bytes else 0.0
+    return t_cmp, t_mem
+
+
+def comm_traffic(op: Op) -> tuple[float, int]:
+    """(bytes each GPU sends, ring steps) of a collective under the ring algorithm."""
+    n = max(op.group_size, 1)
+    m = op.message_bytes or op.bytes
+    if n == 1:
+        return 0.0, 0
+    if op.collective is Collective.ALL_REDUCE or op.collective is None:
+        return 2.0 * (n - 1) / n * m, 2 * (n - 1)
+    if op.collective in (Collective.ALL_GATHER, Collective.REDUCE_SCATTER):
+        return (n - 1) / n * m, n - 1
+    return m, 1  # send/recv
+
+
+def link_gbps(cfg, op: Op) -> float:
+    """One-direction bandwidth of the link the collective crosses."""
+    if op.link is Link.NETWORK:
+        return cfg.network_gbps
+    return cfg.nvlink_gbps / 2.0
+
+
+def comm_time(cfg, op: Op, sms: int, mhz: float) -> float:
+    """Time of a collective alone: per-SM throughput saturating at the link.
+
+    A comm SM's throughput follows the clock only in part (``comm_clock_exp``): its issue work
+    scales with the clock, the link and remote-memory latency it waits on do not.
+    """
+    traffic, steps = comm_traffic(op)
+    if traffic <= 0:
+        return 0.0
+    per_sm = cfg.comm_sm_gbps * 1e9 * (mhz / cfg.max_mhz) ** cfg.comm_clock_exp * max(sms, 1)
+    link = link_gbps(cfg, op) * 1e9 * cfg.comm_link_eff
+    p = cfg.comm_sharpness
+    bw = (per_sm ** -p + link ** -p) ** (-1.0 / p)
+    return steps * cfg.comm_latency_s + traffic / bw
+
+
+def _activity(cfg, op: Op) -> float:
+    if op.kind is OpKind.GEMM:
+        return cfg.act_gemm
+    if op.kind is OpKind.ATTENTION:
+        return cfg.act_attention
+    return cfg.act_memory
+
+
+def simulate(
+    cfg, compute: Sequence[Op], comm: Op | None, mhz: int, sms: int, start: int | None, join: int | None,
+    host_gap: bool = True, ideal: bool = False,
+) -> Outcome:
+    """One execution of ``compute`` with ``comm`` launched before op ``start`` and joined after ``join``.
+
+    ``start=None`` runs the comm alone before the chain (sequential); ``comm=None`` runs the chain only.
+    ``ideal=True`` is the contention-free baseline: overlapped streams neither share SMs nor HBM.
+    """
+    n = len(compute)
+    fr_pw = sm_power_scale(cfg, mhz)
+    psm = cfg.p_sm_w * fr_pw  # W of all SMs at activity 1
+    total_sms = cfg.sms
+    h = cfg.host_launch_s
+    c_alone = comm_time(cfg, comm, sms, mhz) if comm is not None else 0.0
+    traffic = comm_traffic(comm)[0] if comm is not None else 0.0
+    comm_hbm_rate = traffic * cfg.comm_hbm_per_byte / c_alone if c_alone > 0 else 0.0
+    hbm_eff = cfg.hbm_gbps * 1e9 * cfg.eff_memory
+    if join is not None and join >= n - 1:
+        join = None  # joined at the chain's end: the comm may run on through the host gap
+    dyn = 0.0
+    hbm_bytes = traffic * cfg.comm_hbm_per_byte
+    overlap = exposed = 0.0
+    comm_sm_j = psm * cfg.act_comm * sms / total_sms  # W of the comm kernel's SMs
+
+    host = 0.0
+    t = 0.0
+    rem = 0.0  # comm work left, in seconds of running alone
+    if comm is not None and c_alone > 0 and (start is None or n == 0):
+        host += h
+        t = host + c_alone
+        exposed += c_alone
+        dyn += comm_sm_j * c_alone
+        start = -1
+    for k, op in enumerate(compute):
+        if comm is not None and k == start and c_alone > 0:
+            host += h
+            t = max(t, host)
+            rem = c_alone
+        host += h
+        begin = max(t, host)
+        if rem > 0.0 and begin > t:  # compute stream idle: the comm runs alone
+            d = min(rem, begin - t)
+            rem -= d
+            exposed += d
+            dyn += comm_sm_j * d
+        act = _activity(cfg, op)
+        hbm_bytes += op.bytes
+        tc, tm = op_times(cfg, op, mhz, total_sms)
+        t_full = max(tc, tm)
+        # SM energy follows the work, not the occupancy: SMs idle in a partial wave draw little
+        dyn += psm * act * t_full
+        work = 1.0
+        dur = 0.0
+        if rem > 0.0 and k == start and cfg.comm_waits_for_dispatch and op.kind in TENSOR_KINDS and not ideal:
+            # launched beside a kernel that fills every SM, the comm's blocks wait for its last wave
+            waves = math.ceil(max(1.0, math.ceil(op.flops / cfg.gemm_tile_flops)) / total_sms)
+            if waves > 1:
+                pre = (waves - 1) / waves
+                dur = pre * t_full
+                work -= pre
+        if rem > 0.0:
+            if ideal:
+                kappa, tc2, tm2 = 0.0, tc, tm
+            else:
+                # the comm kernel is latency-bound: it slows with the co-running kernel's HBM load
+                hbm_load = tm / max(tc, tm) if tm > 0 else 0.0
+                kappa = min(0.95, cfg.contention_sm + cfg.contention_hbm * hbm_load)
+                tc2, tm2 = op_times(cfg, op, mhz, total_sms - sms, 1.0 + comm_hbm_rate * (1.0 - kappa) / hbm_eff)
+            crate = max(1e-6, 1.0 - kappa)  # comm progress per second, relative to running alone
+            t_cont = max(tc2, tm2) * work
+            t_comm_left = rem / crate
+            if t_comm_left >= t_cont:
+                rem -= t_cont * crate
+                dur += t_cont
+                overlap += t_cont
+                dyn += comm_sm_j * t_cont
+            else:
+                rest = (1.0 - t_comm_left / t_cont) * t_full * work
+                dur += t_comm_left + rest
+                rem = 0.0
+                overlap += t_comm_left
+                dyn += comm_sm_j * t_comm_left
+        else:
+            dur += t_full * work
+        t = begin + dur
+        if k == join and rem > 0.0:
+            exposed += rem
+            dyn += comm_sm_j * rem
+            t += rem
+            rem = 0.0
+    # Between executions the GPU idles for the framework's per-call host work (``host_gap_s``); a comm
+    # joined at the chain's end keeps running through it, uncontended.
+    gap = cfg.host_gap_s if host_gap else 0.0
+    if rem > 0.0:
+        if rem > gap:
+            exposed += rem - gap
+        dyn += comm_sm_j * rem
+        t += max(rem, gap)
+    else:
+        t += gap
+    t = max(t, host)
+    dyn += hbm_bytes * cfg.hbm_pj_per_byte * 1e-12 + traffic * cfg.link_pj_per_byte * 1e-12
+    return Outcome(t, dyn, voltage_ratio(cfg, mhz), int(mhz), overlap, exposed)
+
+
+def simulate_partition(cfg, partition: PartitionType, slot: str, sms: int, mhz: int) -> Outcome:
+    """``simulate`` for a PartitionType and a slot label (``sequential`` or one of its slots)."""
+    s = partition.slot(slot)
+    start = None if s is None else s.start
+    return simulate(cfg, partition.compute, partition.comm, mhz, sms, start, partition.join)

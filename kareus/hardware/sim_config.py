@@ -1,0 +1,77 @@
+"""The simulated GPU's parameters: datasheet fields (GPUConfig) plus what datasheets leave open.
+
+Every default is the A100-SXM4-40GB (as conf/hardware/a100_sim.yaml, which gives each value's
+source). Seven are fitted by benchmarks/sim_fidelity.py to the real A100 table: host_gap_s,
+comm_sm_gbps, comm_link_eff, contention_sm, contention_hbm, eff_memory, p_sm_w.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kareus.hardware.spec import GPUConfig
+
+
+@dataclass
+class SimConfig(GPUConfig):
+    """Schema of ``hardware=*_sim``: a calibrated, deterministic simulated GPU."""
+
+    name: str = "sim"
+    # kernels: fraction of the roofline a kernel kind reaches on the whole GPU at the top clock
+    eff_gemm: float = 0.75
+    eff_attention: float = 0.55
+    eff_memory: float = 0.2387  # fraction of HBM bandwidth a streaming kernel reaches
+    vector_tflops: float = 19.5  # CUDA-core rate used by non-tensor kernels (their FLOPs are small)
+    gemm_tile_flops: float = 6.7e7  # FLOPs of one GEMM tile (128x128 outputs, K=2048): wave quantization
+    memory_sat_frac: float = 0.5  # fraction of SMs a streaming kernel needs to saturate HBM
+    host_launch_s: float = 1.0e-5  # host time to issue one op (framework + launch); GPU idles if it is slower
+    host_start_s: float = 0.0  # host time per call before its first op is issued (GPU idle)
+    host_gap_s: float = 4.856e-4  # GPU idle per execution while the framework's host code runs (between calls)
+    comm_waits_for_dispatch: bool = False  # a comm launched beside a multi-wave kernel starts at its last wave
+    # collectives
+    comm_sm_gbps: float = 6.711  # link throughput one comm SM drives at the top clock
+    comm_clock_exp: float = 0.8  # per-SM comm throughput ~ clock^exp (issue-bound part vs fixed latency)
+    comm_latency_s: float = 5.0e-6  # per ring step
+    comm_link_eff: float = 0.2166  # fraction of the link bandwidth a collective reaches
+    comm_sharpness: float = 2.0  # how sharply bandwidth saturates (soft minimum exponent)
+    comm_hbm_per_byte: float = 2.0  # HBM bytes per link byte (read local, write result)
+    # overlap contention
+    contention_sm: float = 1.638e-4  # comm slowdown beside any kernel (shared issue slots, L2)
+    contention_hbm: float = 0.5915  # extra comm slowdown beside a kernel that saturates HBM (queueing)
+    # power
+    p_sm_w: float = 481.2  # dynamic power of all SMs fully active at the top clock and voltage
+    act_gemm: float = 1.0
+    act_attention: float = 0.9
+    act_memory: float = 0.35
+    act_comm: float = 0.3
+    hbm_pj_per_byte: float = 31.0
+    link_pj_per_byte: float = 10.0
+    v_min: float = 0.70
+    v_max: float = 1.00
+    v_knee_mhz: int = 1005
+    # thermal
+    ambient_c: float = 30.0
+    thermal_r_c_per_w: float = 0.09
+    thermal_tau_s: float = 25.0
+    static_ref_c: float = 55.0  # temperature at which static power equals static_power_w
+    static_temp_coeff: float = 0.006  # relative static-power rise per degree C
+    # measurement
+    counter_period_s: float = 0.1  # NVML energy counter update period
+    time_noise: float = 0.002  # relative run-to-run jitter of execution time
+    power_noise: float = 0.004  # relative run-to-run jitter of power
+    fail_rate: float = 0.0  # probability that a reading fails (tests inject failures with it)
+
+    def problems(self, ctx: object = None) -> list[str]:
+        """Config-time checks (run by validate()): physical ranges of the simulator's parameters."""
+        out = []
+        for k in ("eff_gemm", "eff_attention", "eff_memory", "comm_link_eff", "memory_sat_frac"):
+            if not 0 < getattr(self, k) <= 1:
+                out.append(f"hardware.{k}: must be in (0, 1], got {getattr(self, k)}")
+        for k in ("contention_sm", "contention_hbm", "fail_rate"):
+            if not 0 <= getattr(self, k) <= 1:
+                out.append(f"hardware.{k}: must be in [0, 1], got {getattr(self, k)}")
+        for k in ("comm_sm_gbps", "p_sm_w", "thermal_tau_s", "counter_period_s", "v_max", "v_min"):
+            if getattr(self, k) <= 0:
+                out.append(f"hardware.{k}: must be positive, got {getattr(self, k)}")
+        if self.v_min > self.v_max:
+            out.append(f"hardware.v_min: {self.v_min} exceeds v_max {self.v_max}")
+        return out

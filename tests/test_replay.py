@@ -1,0 +1,116 @@
+"""The replay backend: table parsing and checks, search space, repeats, and the real-table conversion."""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from kareus.hardware.base import HardwareBackend
+from kareus.hardware.replay import ReplayConfig, TableError, load_table
+from kareus.registry import HARDWARE
+from kareus.types import SEQUENTIAL, Candidate
+
+ROOT = Path(__file__).resolve().parents[1]
+REAL = ROOT.parent / "shared" / "data" / "a100_attention_tp2"
+
+HEADER = "partition,slot,sms,freq_mhz,time_s,energy_j,repeat\n"
+GOOD = HEADER + (
+    "p,sequential,4,1410,0.004,1.0,0\n"
+    "p,sequential,4,1410,0.005,1.1,1\n"
+    "p,norm_0,4,1410,0.003,0.9,0\n"
+    "p,norm_0,8,1410,0.0028,0.95,0\n"
+    "p,attn_0,8,1200,0.0031,0.8,0\n"
+    "p.join_norm_0,norm_0,8,1410,0.0033,0.97,0\n"
+)
+
+
+def write(tmp_path, text, name="t.csv"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def build(path, **kw):
+    import kareus.hardware  # noqa: F401
+
+    return HARDWARE.build("replay", config={"table": str(path), **kw})
+
+
+def test_space_is_exactly_the_table_and_repeats_come_in_turn(tmp_path):
+    b = build(write(tmp_path, GOOD))
+    assert isinstance(b, HardwareBackend)
+    parts = {p.key: p for p in b.partitions()}
+    p = parts["p"]
+    assert p.slot_labels == (SEQUENTIAL, "norm_0", "attn_0") and p.join is None
+    assert [s.kind for s in p.slots] == ["memory", "attention"]
+    assert parts["p.join_norm_0"].join == 0
+    assert set(b.space(p)) == {Candidate("p", SEQUENTIAL, 4, 1410), Candidate("p", "norm_0", 4, 1410),
+                               Candidate("p", "norm_0", 8, 1410), Candidate("p", "attn_0", 8, 1200)}
+    c = Candidate("p", SEQUENTIAL, 4, 1410)
+    got = [b.measure(p, c, 5.0) for _ in range(3)]
+    assert [r.time_s for r in got] == [0.004, 0.005, 0.004]
+    assert [r.energy_j for r in got] == [1.0, 1.1, 1.0]
+    assert b.now() == pytest.approx(15.0)
+    assert b.run_once(p, c) in (0.004, 0.005)
+
+
+def test_clock_and_unknown_configurations(tmp_path):
+    b = build(write(tmp_path, GOOD), static_power_w=70.0)
+    p = {x.key: x for x in b.partitions()}["p"]
+    assert b.gpu.static_power_w == 70.0
+    with pytest.raises(ValueError, match="clock"):
+        b.measure(p, Candidate("p", "attn_0", 8, 1200), 1.0)
+    b.set_clock(1200)
+    assert b.measure(p, Candidate("p", "attn_0", 8, 1200), 1.0).ok
+    missing = b.measure(p, Candidate("p", "attn_0", 9, 1200), 1.0)
+    assert not missing.ok and "not in the replay table" in missing.error
+    assert not b.measure_ops(p.compute, 1.0).ok
+
+
+@pytest.mark.parametrize("text, line, what", [
+    ("partition,slot,sms,freq_mhz,time_s\np,sequential,4,1410,0.1\n", 1, "missing column"),
+    (HEADER + "p,sequential,4,1410,0.004,1.0,0\np,norm_0,four,1410,0.003,0.9,0\n", 3, "non-numeric"),
+    (HEADER + "p,sequential,4,1410,0.004,1.0,0\np,norm_0,4,1410,0.003,0.9,0\np,norm_0,8,1410,-0.003,0.9,0\n",
+     4, "negative"),
+    (HEADER + "p,sequential,4,1410,0.004,1.0,0\np,sequential,4,1410,0.0041,1.0,0\n", 3, "duplicate"),
+])
+def test_malformed_tables_are_rejected_with_the_line(tmp_path, text, line, what):
+    path = write(tmp_path, text)
+    with pytest.raises(TableError) as err:
+        load_table(path)
+    msg = str(err.value)
+    assert isinstance(err.value, ValueError) and "\n" not in msg
+    assert f"{path}:{line}:" in msg and what in msg
+
+
+def test_rows_without_repeat_column_are_repeats_in_order(tmp_path):
+    text = "partition,slot,sms,freq_mhz,time_s,energy_j\np,norm_0,2,1410,0.01,2\np,norm_0,2,1410,0.02,3\n"
+    assert load_table(write(tmp_path, text))[("p", "norm_0", 2, 1410)] == [(0.01, 2.0), (0.02, 3.0)]
+
+
+def test_missing_table_is_a_clear_error(tmp_path):
+    with pytest.raises(TableError, match="hardware.table"):
+        build("")
+    assert ReplayConfig().gpu_spec().sms == 108  # validation needs no table
+
+
+@pytest.mark.skipif(not REAL.is_dir(), reason="real tables not present")
+def test_convert_the_real_a100_tables(tmp_path):
+    from kareus.hardware.tables import PARTITION_KEY, convert_a100_attention
+
+    out = convert_a100_attention(REAL, tmp_path / "a100.csv")
+    b = build(out)
+    parts = {p.key: p for p in b.partitions()}
+    main = parts[PARTITION_KEY]
+    assert main.slot_labels == (SEQUENTIAL, "norm_0", "linear_0", "rope_0", "attn_0", "linear_1")
+    assert parts[f"{PARTITION_KEY}.join_linear_0"].join == 1  # (0,2),(2,2): joined after linear_qkv
+    # default clock: 5 windows + sequential joined at the end, 20 SM counts; 1200 MHz: (6,6) and sequential
+    space = b.space(main)
+    assert len([c for c in space if c.freq_mhz == 1410]) == 6 * 20
+    assert {c.freq_mhz for c in space} == {1410, 1200}
+    with open(REAL / "clock_default.csv") as fh:
+        first = next(r for r in csv.DictReader(fh) if r["comm_block_size"] == "1024")
+    r = b.measure(main, Candidate(PARTITION_KEY, SEQUENTIAL, int(first["comm_sm_number"]), 1410), 10.0)
+    assert r.energy_j == pytest.approx(float(first["0:total energy (J)"]) / 2, rel=1e-6)  # per GPU
+    assert r.time_s == pytest.approx(float(first["0:time (s)"]), rel=1e-6)

@@ -1,0 +1,118 @@
+"""The simulated GPU as a backend: protocol, clock control, virtual time, thermal drift, NVML counter."""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+
+import pytest
+
+from _hw_helpers import attention_partition, sim_config
+from kareus.hardware.base import HardwareBackend
+from kareus.hardware.sim import SimulatedGPU
+from kareus.registry import HARDWARE
+from kareus.types import Candidate
+
+
+@pytest.fixture(scope="module")
+def part():
+    return attention_partition()
+
+
+def cand(part, slot=None, sms=12, mhz=1410):
+    return Candidate(part.key, slot or part.slots[0].label, sms, mhz)
+
+
+def test_registered_and_fulfils_the_protocol():
+    gpu = HARDWARE.build("sim", seed=3, config=sim_config())
+    assert isinstance(gpu, HardwareBackend)
+    assert gpu.gpu.sms == 108 and gpu.gpu.max_mhz == 1410 and gpu.gpu.static_power_w == 85.0
+    assert gpu.clock() == 1410 and gpu.space(attention_partition()) is None
+    assert sim_config().gpu_spec() == gpu.gpu  # usable without building the backend
+
+
+def test_clock_must_be_set_before_measuring(part):
+    gpu = SimulatedGPU(sim_config())
+    with pytest.raises(ValueError, match="set_clock"):
+        gpu.measure(part, cand(part, mhz=1200), 1.0)
+    with pytest.raises(ValueError, match="no locked clock"):
+        gpu.set_clock(1203)
+    gpu.set_clock(1200)
+    r = gpu.measure(part, cand(part, mhz=1200), 1.0)
+    assert r.ok and r.freq_mhz == 1200
+
+
+def test_deterministic_for_a_seed(part):
+    def readings(seed):
+        gpu = SimulatedGPU(sim_config(), seed)
+        return [gpu.measure(part, cand(part, sms=s), 2.0) for s in (4, 8, 16)]
+
+    assert readings(7) == readings(7)
+    assert readings(7) != readings(8)
+
+
+def test_virtual_clock_never_sleeps(part):
+    gpu = SimulatedGPU(sim_config())
+    t0 = time.perf_counter()
+    r = gpu.measure(part, cand(part), 5.0)
+    gpu.idle(60.0)
+    assert gpu.now() == pytest.approx(r.window_s + 60.0)
+    assert abs(r.window_s - 5.0) < r.time_s  # whole executions filling the window
+    assert r.executions == round(r.window_s / r.time_s)
+    assert time.perf_counter() - t0 < 0.5
+    before = gpu.now()
+    t = gpu.run_once(part, cand(part))
+    assert gpu.now() == pytest.approx(before + t)
+
+
+def test_short_window_fails_and_failures_can_be_injected(part):
+    gpu = SimulatedGPU(sim_config())
+    r = gpu.measure(part, cand(part), 0.05)
+    assert not r.ok and "counter" in r.error and math.isnan(r.energy_j)
+    flaky = SimulatedGPU(sim_config(fail_rate=1.0))
+    r = flaky.measure(part, cand(part), 2.0)
+    assert not r.ok and r.error
+    assert all(SimulatedGPU(sim_config()).measure(part, cand(part, sms=s), 1.0).ok for s in range(1, 33))
+
+
+def test_back_to_back_reads_more_energy_than_after_rest(part):
+    gpu = SimulatedGPU(sim_config(power_noise=0.0, time_noise=0.0))
+    c = cand(part)
+    gpu.idle(600.0)
+    rested = statistics.mean(gpu.measure(part, c, 10.0).energy_j for _ in range(1))
+    hot = [gpu.measure(part, c, 10.0).energy_j for _ in range(12)]
+    assert gpu.temperature() > gpu.idle_temperature() + 10
+    assert statistics.mean(hot[-3:]) > rested * 1.01
+    gpu.idle(600.0)
+    assert gpu.temperature() == pytest.approx(gpu.idle_temperature(), abs=0.5)
+    assert gpu.measure(part, c, 10.0).energy_j < statistics.mean(hot[-3:])
+
+
+def test_short_windows_have_larger_energy_error(part):
+    def mean_error(window):
+        errs = []
+        for seed in range(40):
+            gpu = SimulatedGPU(sim_config(power_noise=0.0, time_noise=0.0), seed)
+            truth_gpu = SimulatedGPU(sim_config(power_noise=0.0, time_noise=0.0, counter_period_s=1e-6), seed)
+            r, t = gpu.measure(part, cand(part), window), truth_gpu.measure(part, cand(part), window)
+            errs.append(abs(r.energy_j / t.energy_j - 1.0))
+        return statistics.mean(errs)
+
+    assert mean_error(1.0) > 1.5 * mean_error(5.0)
+
+
+def test_measure_ops_and_per_gpu_energy(part):
+    gpu = SimulatedGPU(sim_config(power_noise=0.0, time_noise=0.0))
+    r = gpu.measure_ops(part.compute, 2.0)
+    assert r.ok and r.time_s > 0
+    out = gpu.outcome(part, part.slots[0].label, 12, 1410)
+    long = gpu.measure(part, cand(part), 30.0)
+    assert long.time_s == pytest.approx(out.time_s, rel=1e-9)
+    per_exec = out.dynamic_j + 85.0 * out.static_scale * out.time_s
+    assert long.energy_j == pytest.approx(per_exec, rel=0.1)
+
+
+def test_h100_and_h200_configs_load():
+    for name, hbm in (("h100_sim", 3350.0), ("h200_sim", 4800.0)):
+        spec = sim_config(name).gpu_spec()
+        assert spec.sms == 132 and spec.max_mhz == 1980 and spec.hbm_gbps == hbm and spec.tdp_w == 700.0

@@ -1,0 +1,144 @@
+"""The simulated GPU's physics shows the behaviour Kareus depends on (llama3.2-3b, TP=4, attention)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from _hw_helpers import attention_partition, sim_config
+from kareus.hardware.model import comm_time, op_times, simulate, simulate_partition, voltage_ratio
+from kareus.types import SEQUENTIAL, Collective, Link, Op, OpKind
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return sim_config()
+
+
+@pytest.fixture(scope="module")
+def part():
+    return attention_partition()
+
+
+def total_energy(cfg, o) -> float:
+    return o.dynamic_j + cfg.static_power_w * o.static_scale * o.time_s
+
+
+def test_partition_is_the_published_attention_partition(part):
+    assert part.comm.collective is Collective.ALL_REDUCE and part.comm.group_size == 4
+    assert {"norm_0", "linear_0", "attn_0"} <= set(part.slot_labels)
+
+
+def test_comm_sms_exposed_then_hidden_then_slowing_compute(cfg, part):
+    slot = part.slots[0].label  # launched at the chain's start: the longest overlap
+    times = {s: simulate_partition(cfg, part, slot, s, 1410).time_s for s in range(1, cfg.max_comm_sms + 1)}
+    best = min(times, key=times.get)
+    assert 1 < best < cfg.max_comm_sms
+    assert times[1] > 2.5 * times[best]  # too few SMs: the comm is exposed
+    assert times[cfg.max_comm_sms] > 1.03 * times[best]  # too many: compute loses SMs
+    # at the moderate count the comm is hidden: overlapped beats running it in sequence
+    assert times[best] < 0.85 * simulate_partition(cfg, part, SEQUENTIAL, best, 1410).time_s
+
+
+def test_energy_optimal_knobs_depend_on_the_clock(cfg, part):
+    def best(mhz):
+        return min(
+            (total_energy(cfg, simulate_partition(cfg, part, sl, s, mhz)), sl, s)
+            for sl in part.slot_labels for s in range(1, cfg.max_comm_sms + 1)
+        )[1:]
+
+    assert best(1100) != best(1410)
+
+
+def test_time_and_energy_each_span_more_than_2x(cfg, part):
+    outs = [simulate_partition(cfg, part, sl, s, f) for sl in part.slot_labels
+            for s in (1, 2, 4, 8, 16, 32) for f in (510, 810, 1110, 1410)]
+    t = [o.time_s for o in outs]
+    e = [total_energy(cfg, o) for o in outs]
+    assert max(t) / min(t) > 2 and max(e) / min(e) > 2
+
+
+def test_lower_clock_raises_time_lowers_dynamic_and_total_has_interior_minimum(cfg, part):
+    clocks = list(range(210, 1411, 60))
+    outs = [simulate_partition(cfg, part, part.slots[0].label, 16, f) for f in clocks]
+    times = [o.time_s for o in outs]
+    dyn = [o.dynamic_j for o in outs]
+    total = [total_energy(cfg, o) for o in outs]
+    assert all(a > b for a, b in zip(times, times[1:]))  # time falls as the clock rises
+    assert dyn[-1] > 1.3 * dyn[clocks.index(1110)]  # dynamic energy falls at lower clocks
+    assert all(a <= b * 1.0001 for a, b in zip(dyn, dyn[1:]))
+    i = total.index(min(total))
+    assert 0 < i < len(clocks) - 1  # interior minimum once static power is counted
+
+
+def test_gemm_wave_quantization_and_memory_bound_clock_insensitivity(cfg):
+    gemm = Op("g", OpKind.GEMM, flops=2 * 8192 * 3072 * 3072, bytes=1e8)
+    full = max(op_times(cfg, gemm, 1410, cfg.sms))
+    fewer = max(op_times(cfg, gemm, 1410, cfg.sms - 20))
+    assert fewer > full * cfg.sms / (cfg.sms - 20) * 0.95  # losing SMs costs at least proportionally
+    assert max(op_times(cfg, gemm, 705, cfg.sms)) == pytest.approx(2 * full, rel=0.01)
+    mem = Op("m", OpKind.ELEMENTWISE, flops=1e6, bytes=4e8)
+    assert max(op_times(cfg, mem, 705, cfg.sms)) == pytest.approx(max(op_times(cfg, mem, 1410, cfg.sms)), rel=0.02)
+
+
+def test_collective_bandwidth_grows_with_sms_and_saturates(cfg):
+    ar = Op("ar", OpKind.COMM, collective=Collective.ALL_REDUCE, message_bytes=64e6, group_size=4, link=Link.NVLINK)
+    t = [comm_time(cfg, ar, s, 1410) for s in (1, 2, 4, 8, 16, 32, 64)]
+    assert all(a > b for a, b in zip(t, t[1:]))
+    assert t[0] / t[1] > 1.8  # per-SM bound at few SMs
+    assert t[-2] / t[-1] < 1.15  # link bound at many
+    slow = comm_time(cfg, ar, 2, 705) / comm_time(cfg, ar, 2, 1410)  # per-SM rate follows the clock
+    assert slow == pytest.approx(2 ** cfg.comm_clock_exp, rel=0.05) and slow > 1.5
+    net = Op("ar", OpKind.COMM, collective=Collective.ALL_REDUCE, message_bytes=64e6, group_size=4, link=Link.NETWORK)
+    assert comm_time(cfg, net, 64, 1410) > 3 * comm_time(cfg, ar, 64, 1410)
+    for coll in (Collective.ALL_GATHER, Collective.REDUCE_SCATTER, Collective.SEND_RECV):
+        op = Op("c", OpKind.COMM, collective=coll, message_bytes=64e6, group_size=4, link=Link.NVLINK)
+        assert 0 < comm_time(cfg, op, 16, 1410) < comm_time(cfg, ar, 16, 1410)
+
+
+def test_explicit_join_point_and_slot_start(cfg):
+    ops = tuple(Op(f"g{i}", OpKind.GEMM, flops=4e10, bytes=5e7) for i in range(4))
+    ar = Op("ar", OpKind.COMM, collective=Collective.ALL_REDUCE, message_bytes=3e7, group_size=2, link=Link.NVLINK)
+    seq = simulate(cfg, ops, ar, 1410, 4, None, None).time_s
+    early_join = simulate(cfg, ops, ar, 1410, 4, 0, 0).time_s
+    late_join = simulate(cfg, ops, ar, 1410, 4, 0, 2).time_s
+    late_start = simulate(cfg, ops, ar, 1410, 4, 2, 2).time_s
+    assert late_join < early_join < seq  # a later join overlaps more of the comm
+    assert late_join < late_start  # launching earlier overlaps more
+    ideal = simulate(cfg, ops, ar, 1410, 4, 0, 2, ideal=True).time_s
+    assert ideal <= late_join
+
+
+def test_voltage_flat_then_rising(cfg):
+    assert voltage_ratio(cfg, 300) == voltage_ratio(cfg, cfg.v_knee_mhz)
+    assert voltage_ratio(cfg, 1200) < voltage_ratio(cfg, 1410) == 1.0
+
+
+def test_power_cap_throttles_the_clock():
+    from kareus.hardware.sim import SimulatedGPU
+
+    part = attention_partition()
+    capped = SimulatedGPU(sim_config(tdp_w=150.0))
+    out = capped.outcome(part, part.slots[0].label, 16, 1410)
+    assert out.freq_mhz < 1410
+    assert out.dynamic_j / out.time_s + capped.cfg.static_power_w * out.static_scale <= 150.0 + 1e-6
+
+
+def test_a_measurement_is_fast(cfg, part):
+    import time
+
+    t0 = time.perf_counter()
+    for s in range(1, 33):
+        for sl in part.slot_labels:
+            simulate_partition(cfg, part, sl, s, 1410)
+    per_call = (time.perf_counter() - t0) / (32 * len(part.slot_labels))
+    assert per_call < 1e-3 and math.isfinite(per_call)
+
+
+def test_comm_waiting_for_dispatch_overlaps_less(cfg):
+    import dataclasses
+
+    ops = (Op("g", OpKind.GEMM, flops=2e11, bytes=1e8), Op("m", OpKind.ELEMENTWISE, bytes=2e8))
+    ar = Op("ar", OpKind.COMM, collective=Collective.ALL_REDUCE, message_bytes=3e7, group_size=2, link=Link.NVLINK)
+    waits = dataclasses.replace(cfg, comm_waits_for_dispatch=True)
+    assert simulate(waits, ops, ar, 1410, 8, 0, None).overlap_s < simulate(cfg, ops, ar, 1410, 8, 0, None).overlap_s
