@@ -1,0 +1,218 @@
+"""Launchers: run independent partition searches in process, on a process pool, or on Ray.
+
+``LAUNCHERS.build(name, config=section).run(tasks) -> results`` (in task order). Every launcher runs
+:func:`run_search_task`, so a seeded simulated run gives the same frontiers whichever runs it.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from kareus.launch.task import PartitionSearchTask, gpus_needed, run_search_task
+from kareus.registry import LAUNCHERS
+from kareus.search.base import SearchResult
+
+Listener = Callable[[Any], None]
+
+
+def _run_forwarding(task: PartitionSearchTask, queue: Any) -> Any:
+    """Worker side: run the task and forward every event to the driver through ``queue``."""
+    return run_search_task(task, listeners=[queue.put])
+
+
+def _dispatch(queue: Any, listeners: Sequence[Listener], empty: type[BaseException], timeout: float) -> bool:
+    """Driver side: hand one queued event to the driver's listeners; False when none came in ``timeout``."""
+    try:
+        event = queue.get(timeout=timeout) if timeout > 0 else queue.get_nowait()
+    except empty:
+        return False
+    for listener in listeners:
+        listener(event)
+    return True
+
+
+@dataclass
+class LocalLauncherConfig:
+    name: str = "local"
+
+
+@LAUNCHERS.register("local", LocalLauncherConfig)
+class LocalLauncher:
+    """One search after another in this process (the default; no parallelism)."""
+
+    def __init__(self, cfg: LocalLauncherConfig) -> None:
+        self.cfg = cfg
+
+    def run(self, tasks: Sequence[PartitionSearchTask], listeners: Sequence[Listener] = ()) -> list[SearchResult]:
+        return [run_search_task(t, listeners) for t in tasks]
+
+
+@dataclass
+class ProcessLauncherConfig:
+    name: str = "process"
+    workers: int = 0  # 0: one per task, at most the CPU count
+    start_method: str = "spawn"  # spawn: no inherited threads or GPU handles
+
+    def problems(self, ctx: Any = None) -> list[str]:
+        out = []
+        if self.workers < 0:
+            out.append(f"workers={self.workers} must be >= 0")
+        if self.start_method not in ("spawn", "forkserver", "fork"):
+            out.append(f"start_method={self.start_method!r} must be spawn, forkserver or fork")
+        return out
+
+
+@LAUNCHERS.register("process", ProcessLauncherConfig)
+class ProcessLauncher:
+    """A pool of worker processes on this machine; each task builds (and owns) its backend."""
+
+    def __init__(self, cfg: ProcessLauncherConfig) -> None:
+        self.cfg = cfg
+
+    def run(self, tasks: Sequence[PartitionSearchTask], listeners: Sequence[Listener] = ()) -> list[SearchResult]:
+        """Workers forward their events to ``listeners`` here, through a queue."""
+        import multiprocessing as mp
+        import queue as queue_mod
+        from concurrent.futures import ProcessPoolExecutor
+
+        if not tasks:
+            return []
+        n = self.cfg.workers or min(len(tasks), os.cpu_count() or 1)
+        ctx = mp.get_context(self.cfg.start_method)
+        with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
+            if not listeners:
+                futures = [pool.submit(run_search_task, t) for t in tasks]
+                return [f.result() for f in futures]
+            with ctx.Manager() as manager:
+                q = manager.Queue()
+                futures = [pool.submit(_run_forwarding, t, q) for t in tasks]
+                while not all(f.done() for f in futures):
+                    _dispatch(q, listeners, queue_mod.Empty, 0.1)
+                while _dispatch(q, listeners, queue_mod.Empty, 0.0):
+                    pass
+                return [f.result() for f in futures]
+
+
+@dataclass
+class RayLauncherConfig:
+    name: str = "ray"
+    address: Optional[str] = None  # a cluster ("auto", "ray://head:10001"); None: embedded Ray on this machine
+    num_cpus: Optional[int] = None  # resources of an embedded Ray (None: Ray detects them)
+    num_gpus: Optional[int] = None
+    gpus_per_task: Optional[float] = None  # None: the TP group on real GPUs, 0 on sim/replay
+    cpus_per_task: float = 1.0
+    shutdown: bool = True  # shut an embedded Ray down after the run
+
+    def problems(self, ctx: Any = None) -> list[str]:
+        out = []
+        if self.gpus_per_task is not None and self.gpus_per_task < 0:
+            out.append(f"gpus_per_task={self.gpus_per_task} must be >= 0")
+        if self.cpus_per_task < 0:
+            out.append(f"cpus_per_task={self.cpus_per_task} must be >= 0")
+        return out
+
+
+def _broken_amdsmi_shim() -> str | None:
+    """A folder that shadows a broken ``amdsmi`` for Ray's processes, or None when it is fine.
+
+    Ray probes for AMD GPUs through ``amdsmi`` in the driver and in its own agent processes. Zeus (the
+    runtime extra) depends on amdsmi, whose wheel fails on import with a KeyError when the ROCm
+    library is absent (every NVIDIA-only machine), and that takes Ray down. Shadowing it with a module
+    that raises ImportError makes Ray skip AMD detection as it does when amdsmi is not installed.
+    """
+    import sys
+    import tempfile
+
+    if "amdsmi" in sys.modules and sys.modules["amdsmi"] is None and _SHIM:
+        return _SHIM[0]  # hidden already
+    try:
+        import amdsmi  # noqa: F401
+        return None
+    except ImportError:
+        return None
+    except Exception:
+        sys.modules["amdsmi"] = None  # type: ignore[assignment]  (this process: import raises ImportError)
+    shim = Path(tempfile.gettempdir()) / "kareus-amdsmi-shim"
+    (shim / "amdsmi").mkdir(parents=True, exist_ok=True)
+    (shim / "amdsmi" / "__init__.py").write_text(
+        'raise ImportError("amdsmi is installed without its ROCm library; hidden from Ray by kareus")\n')
+    _SHIM[:] = [str(shim)]
+    return str(shim)
+
+
+_SHIM: list[str] = []
+
+
+@LAUNCHERS.register("ray", RayLauncherConfig)
+class RayLauncher:
+    """One Ray task per partition search, reserving the GPUs one measurement occupies.
+
+    Ray is an optional extra (``pip install kareus[ray]``). On a cluster, every node needs kareus
+    installed and the run directory (the journal) on storage every node can reach.
+    """
+
+    def __init__(self, cfg: RayLauncherConfig) -> None:
+        self.cfg = cfg
+
+    def _gpus(self, task: PartitionSearchTask) -> float:
+        return float(self.cfg.gpus_per_task) if self.cfg.gpus_per_task is not None else float(gpus_needed(task))
+
+    def run(self, tasks: Sequence[PartitionSearchTask], listeners: Sequence[Listener] = ()) -> list[SearchResult]:
+        """Ray tasks forward their events to ``listeners`` here through a Ray queue."""
+        shim = _broken_amdsmi_shim()
+        try:
+            import ray
+        except ImportError as e:  # pragma: no cover - depends on the environment
+            raise RuntimeError("launcher=ray needs Ray: pip install 'kareus[ray]'") from e
+        if not tasks:
+            return []
+        started = False
+        if not ray.is_initialized():
+            root = str(Path(__file__).resolve().parents[2])
+            old = os.environ.get("PYTHONPATH")
+            path = os.pathsep.join(p for p in (shim, root, old) if p)
+            env = {"env_vars": {"PYTHONPATH": path}}
+            os.environ["PYTHONPATH"] = path  # Ray's own processes (raylet agents) inherit it
+            try:
+                if self.cfg.address:
+                    ray.init(address=self.cfg.address, runtime_env=env, log_to_driver=False)
+                else:
+                    ray.init(num_cpus=self.cfg.num_cpus, num_gpus=self.cfg.num_gpus, include_dashboard=False,
+                             runtime_env=env, log_to_driver=False)
+            finally:
+                if old is None:
+                    os.environ.pop("PYTHONPATH", None)
+                else:
+                    os.environ["PYTHONPATH"] = old
+            started = True
+        try:
+            have = float(ray.cluster_resources().get("GPU", 0.0))
+            need = max(self._gpus(t) for t in tasks)
+            if need > have:
+                raise RuntimeError(f"a partition search needs {need:g} GPU(s) but the Ray cluster has {have:g}; "
+                                   f"set launcher.gpus_per_task or add GPU nodes")
+            opts = lambda t: {"num_gpus": self._gpus(t), "num_cpus": self.cfg.cpus_per_task,  # noqa: E731
+                              "max_retries": 0}
+            if not listeners:
+                remote = ray.remote(run_search_task)
+                return list(ray.get([remote.options(**opts(t)).remote(t) for t in tasks]))
+            from ray.util.queue import Empty, Queue
+
+            q = Queue(actor_options={"num_cpus": 0})
+            remote = ray.remote(_run_forwarding)
+            refs = [remote.options(**opts(t)).remote(t, q) for t in tasks]
+            pending = list(refs)
+            while pending:
+                _, pending = ray.wait(pending, num_returns=len(pending), timeout=0)
+                if pending:
+                    _dispatch(q, listeners, Empty, 0.1)
+            while _dispatch(q, listeners, Empty, 0.0):
+                pass
+            results = list(ray.get(refs))
+            q.shutdown()
+            return results
+        finally:
+            if started and self.cfg.shutdown:
+                ray.shutdown()

@@ -1,0 +1,149 @@
+"""One partition search as a picklable task, and the function any worker runs to carry it out.
+
+A task holds plain data only (the partition, config sections as dicts, seed, journal path), so the
+``local``, ``process`` and ``ray`` launchers all run exactly the same code: each worker builds its own
+backend, frequency controller, cooldown, journal handle, profiler and searcher from the task.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Sequence
+
+from kareus.events import SearchFinished, SearchStarted
+from kareus.search.base import SearchResult
+from kareus.types import Candidate, Collective, Direction, Link, Op, OpKind, PartitionType, Slot
+
+ListenerFactory = Callable[[], Callable[[Any], None]]
+
+
+@dataclass
+class PartitionSearchTask:
+    """Everything one partition search needs, as plain picklable data."""
+
+    partition: PartitionType
+    hardware: dict[str, Any]  # the hardware config section, with its ``name``
+    search: dict[str, Any]  # the searcher config section, with its ``name``
+    profiler: dict[str, Any]  # the profiler config section
+    seed: int
+    journal_path: str
+    config_hash: str
+    # zero-arg picklable callables, each returning an event listener built inside the worker
+    listener_factories: list[ListenerFactory] = field(default_factory=list)
+    initial: list[Candidate] | None = None  # a shared initial design, if any
+
+
+def config_hash(obj: Any) -> str:
+    """A stable short hash of a config (dict / DictConfig / dataclass) for the journal's guard."""
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+
+        if isinstance(obj, (DictConfig, ListConfig)):
+            obj = OmegaConf.to_container(obj, resolve=True)
+    except ImportError:  # pragma: no cover
+        pass
+    import dataclasses
+
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        obj = asdict(obj)
+    text = json.dumps(obj, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def is_real_gpu(hardware: dict[str, Any]) -> bool:
+    """Whether the backend measures a physical GPU (needs GPUs reserved) rather than a model or a table."""
+    return str(hardware.get("name", "")) not in {"sim", "replay"}
+
+
+def gpus_needed(task: PartitionSearchTask) -> int:
+    """GPUs one measurement occupies: the comm kernel's group (the TP group) on real GPUs, else 0."""
+    if not is_real_gpu(task.hardware):
+        return 0
+    return max(1, int(task.partition.comm.group_size))
+
+
+def run_search_task(task: PartitionSearchTask, listeners: Sequence[Callable[[Any], None]] = ()) -> SearchResult:
+    """Build backend, profiler and searcher from ``task`` and run the search (journal first, always)."""
+    import kareus.hardware  # noqa: F401  (registers backends)
+    import kareus.profiler  # noqa: F401  (registers cooldowns and frequency controllers)
+    import kareus.search  # noqa: F401  (registers searchers)
+    from kareus.events import EventBus
+    from kareus.profiler import Journal, Profiler, ProfilerConfig
+    from kareus.registry import HARDWARE, SEARCHERS, to_dataclass
+    from kareus.search import SearchProblem, budget_for, build_space
+    from kareus.search.common import reference_point
+
+    bus = EventBus()
+    made = [factory() for factory in task.listener_factories]
+    for listener in [*made, *listeners]:
+        bus.subscribe(listener)
+
+    hw = dict(task.hardware)
+    backend = HARDWARE.build(hw["name"], config=hw, seed=task.seed)
+    entry = SEARCHERS.get(task.search["name"])
+    scfg = to_dataclass(entry.config_cls, task.search) if entry.config_cls is not None else None
+    pcfg = to_dataclass(ProfilerConfig, task.profiler)
+    part = task.partition
+    journal = Journal.open(task.journal_path, task.config_hash)
+    try:
+        with Profiler(pcfg, backend, journal, bus.emit) as profiler:
+            space_cfg = getattr(scfg, "space", None)
+            if space_cfg is None:
+                from kareus.search import SpaceConfig
+
+                space_cfg = SpaceConfig()
+            space = build_space(part, backend.gpu, space_cfg, fixed=backend.space(part))
+            budget = budget_for(scfg, len(space)) if scfg is not None else len(space)
+            bus.emit(SearchStarted(part.key, len(space), budget, task.search["name"]))
+            searcher = SEARCHERS.build(task.search["name"], config=scfg)
+            result = searcher.run(SearchProblem(
+                partition=part, space=space, evaluate=profiler.evaluator(part), budget=budget, seed=task.seed,
+                static_power_w=float(backend.gpu.static_power_w), initial=list(task.initial or []),
+                emit=bus.emit))
+            if hasattr(result, "gpu_seconds") and not result.gpu_seconds:
+                result.gpu_seconds = profiler.gpu_seconds(part.key)
+            ok = [m for m in result.measurements if not m.failed]
+            hv = 0.0
+            if ok and len(result.frontier):
+                ref = reference_point([m.time_s for m in ok], [m.energy_j for m in ok])
+                hv = result.frontier.hypervolume(ref)
+            result.gpu_seconds = profiler.gpu_seconds(part.key)
+            bus.emit(SearchFinished(part.key, result.frontier, len(result.measurements),
+                                    len(result.measurements) - len(ok), result.gpu_seconds, hv))
+    finally:
+        journal.close()
+        for listener in made:
+            close = getattr(listener, "close", None)
+            if callable(close):
+                close()
+    return result
+
+
+# -- plain-JSON form of a task (for the subprocess driver; listener factories are not carried) ------
+def task_to_dict(task: PartitionSearchTask) -> dict[str, Any]:
+    d = asdict(task)
+    d.pop("listener_factories")
+    return json.loads(json.dumps(d, default=lambda o: o.value if hasattr(o, "value") else str(o)))
+
+
+def _op(d: dict[str, Any]) -> Op:
+    return Op(name=d["name"], kind=OpKind(d["kind"]), flops=d["flops"], bytes=d["bytes"],
+              collective=Collective(d["collective"]) if d.get("collective") else None,
+              message_bytes=d["message_bytes"], group_size=d["group_size"],
+              link=Link(d["link"]) if d.get("link") else None)
+
+
+def partition_from_dict(d: dict[str, Any]) -> PartitionType:
+    return PartitionType(
+        key=d["key"], direction=Direction(d["direction"]), compute=tuple(_op(o) for o in d["compute"]),
+        comm=_op(d["comm"]), slots=tuple(Slot(s["label"], tuple(s["ops"]), s["kind"]) for s in d["slots"]),
+        join=d.get("join"))
+
+
+def task_from_dict(d: dict[str, Any]) -> PartitionSearchTask:
+    initial = d.get("initial")
+    return PartitionSearchTask(
+        partition=partition_from_dict(d["partition"]), hardware=d["hardware"], search=d["search"],
+        profiler=d["profiler"], seed=int(d["seed"]), journal_path=d["journal_path"], config_hash=d["config_hash"],
+        initial=[Candidate(**c) for c in initial] if initial is not None else None)

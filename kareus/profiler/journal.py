@@ -1,0 +1,186 @@
+"""The measurement journal: every measurement is on disk the moment it is taken.
+
+SQLite in WAL mode with ``synchronous=FULL``: a committed row survives SIGKILL and power loss, and
+several processes (the ``process`` and ``ray`` launchers' workers) can append to one file at once
+(writers serialise on SQLite's lock; ``busy_timeout`` makes them wait instead of failing).
+Rows are append-only: a candidate measured twice shows up twice, so tests can prove it never is.
+The file remembers the config hash it was created with; opening it with another hash is refused.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sqlite3
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Iterator
+
+from kareus.types import Candidate, Measurement, Reading
+
+JOURNAL_NAME = "journal.sqlite"
+
+
+class JournalMismatchError(RuntimeError):
+    """The journal was written under a different config; resuming it would mix incomparable numbers."""
+
+
+def journal_path_for(run_dir: str | os.PathLike[str], partition: str | None = None) -> Path:
+    """Where a run keeps its journal: ``<run_dir>/journal.sqlite`` (one file for all partitions).
+
+    ``partition`` is accepted for callers that want a per-partition name; the default shares one
+    file, which WAL mode makes safe for concurrent workers on one machine.
+    """
+    base = Path(run_dir)
+    if partition is None:
+        return base / JOURNAL_NAME
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in partition)
+    return base / "journal" / f"{safe}.sqlite"
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS measurements (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    partition TEXT NOT NULL, slot TEXT NOT NULL, sms INTEGER NOT NULL, freq_mhz INTEGER NOT NULL,
+    failed INTEGER NOT NULL,
+    time_s REAL, energy_j REAL, dynamic_energy_j REAL, static_power_w REAL,
+    temperature_c REAL, measured_freq_mhz REAL, repeats INTEGER NOT NULL,
+    flags TEXT NOT NULL, readings TEXT NOT NULL,
+    backend TEXT NOT NULL, clock_mhz INTEGER, gpu_temperature_c REAL,
+    gpu_seconds REAL NOT NULL, config_hash TEXT NOT NULL, worker TEXT NOT NULL, wall_time REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS measurements_key ON measurements (partition, slot, sms, freq_mhz);
+"""
+
+
+def _num(x: float) -> float | None:
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
+
+
+def _nan(x: Any) -> float:
+    return float("nan") if x is None else float(x)
+
+
+class Journal:
+    """Append-only measurement log of one run, shared by every partition search of that run."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path, config_hash: str) -> None:
+        self._conn = conn
+        self.path = path
+        self.config_hash = config_hash
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], config_hash: str, timeout_s: float = 60.0) -> "Journal":
+        """Open or create the journal at ``path``; refuse one written under another config hash."""
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(str(p), timeout=timeout_s, isolation_level=None, check_same_thread=False)
+        conn.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = FULL")
+        conn.execute("BEGIN IMMEDIATE")  # create and claim the hash atomically against other openers
+        try:
+            for stmt in _SCHEMA.strip().split(";"):
+                if stmt.strip():
+                    conn.execute(stmt)
+            row = conn.execute("SELECT value FROM meta WHERE key = 'config_hash'").fetchone()
+            if row is None:
+                conn.execute("INSERT INTO meta (key, value) VALUES ('config_hash', ?)", (config_hash,))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            conn.close()
+            raise
+        if row is not None and row[0] != config_hash:
+            conn.close()
+            raise JournalMismatchError(
+                f"journal {p} was written with config hash {row[0]}, this run has {config_hash}: "
+                f"resume only with the same config, or start a new run directory")
+        return cls(conn, p, config_hash)
+
+    # -- writing ---------------------------------------------------------------------------------
+    def append(self, m: Measurement, *, backend: str, clock_mhz: int | None, gpu_temperature_c: float | None,
+               gpu_seconds: float = 0.0) -> None:
+        """Commit one measurement (durably, before returning)."""
+        c = m.candidate
+        readings = json.dumps([asdict(r) for r in m.readings])
+        self._conn.execute(
+            "INSERT INTO measurements (partition, slot, sms, freq_mhz, failed, time_s, energy_j, dynamic_energy_j, "
+            "static_power_w, temperature_c, measured_freq_mhz, repeats, flags, readings, backend, clock_mhz, "
+            "gpu_temperature_c, gpu_seconds, config_hash, worker, wall_time) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (c.partition, c.slot, int(c.sms), int(c.freq_mhz), int(m.failed), _num(m.time_s), _num(m.energy_j),
+             _num(m.dynamic_energy_j), _num(m.static_power_w), _num(m.temperature_c), _num(m.freq_mhz),
+             int(m.repeats), json.dumps(list(m.flags)), readings, backend,
+             None if clock_mhz is None else int(clock_mhz), _num(gpu_temperature_c), float(gpu_seconds),
+             self.config_hash, f"{os.uname().nodename}:{os.getpid()}", time.time()),
+        )
+
+    # -- reading ---------------------------------------------------------------------------------
+    def _rows(self, partition: str | None = None) -> Iterator[tuple]:
+        q = ("SELECT partition, slot, sms, freq_mhz, failed, time_s, energy_j, dynamic_energy_j, static_power_w, "
+             "temperature_c, measured_freq_mhz, repeats, flags, readings, gpu_seconds FROM measurements")
+        args: tuple = ()
+        if partition is not None:
+            q += " WHERE partition = ?"
+            args = (partition,)
+        yield from self._conn.execute(q + " ORDER BY id", args)
+
+    @staticmethod
+    def _measurement(row: tuple) -> tuple[Measurement, float]:
+        (part, slot, sms, freq, failed, t, e, de, sp, temp, mf, reps, flags, readings, gpu_s) = row
+        cand = Candidate(part, slot, int(sms), int(freq))
+        rs = tuple(Reading(**r) for r in json.loads(readings))
+        m = Measurement(cand, _nan(t), _nan(e), _nan(de), _nan(sp), _nan(temp), _nan(mf), int(reps), bool(failed),
+                        tuple(json.loads(flags)), rs)
+        return m, float(gpu_s)
+
+    def entries(self, partition: str | None = None) -> list[tuple[Measurement, float]]:
+        """Every row in order as (measurement, GPU-seconds it cost), duplicates included."""
+        return [self._measurement(r) for r in self._rows(partition)]
+
+    def measurements(self, partition: str | None = None) -> list[Measurement]:
+        return [m for m, _ in self.entries(partition)]
+
+    def load(self, partition: str | None = None) -> dict[tuple[str, str, int, int], tuple[Measurement, float]]:
+        """First measurement of each candidate (what a resumed search is answered with)."""
+        out: dict[tuple[str, str, int, int], tuple[Measurement, float]] = {}
+        for m, g in self.entries(partition):
+            out.setdefault(m.candidate.key, (m, g))
+        return out
+
+    def count(self, partition: str | None = None) -> int:
+        if partition is None:
+            return self._conn.execute("SELECT COUNT(*) FROM measurements").fetchone()[0]
+        return self._conn.execute("SELECT COUNT(*) FROM measurements WHERE partition = ?", (partition,)).fetchone()[0]
+
+    def duplicates(self) -> list[tuple[str, str, int, int]]:
+        """Candidates with more than one row (should be none)."""
+        rows = self._conn.execute(
+            "SELECT partition, slot, sms, freq_mhz FROM measurements GROUP BY partition, slot, sms, freq_mhz "
+            "HAVING COUNT(*) > 1").fetchall()
+        return [tuple(r) for r in rows]
+
+    def get_meta(self, key: str) -> str | None:
+        """A run-level note kept beside the measurements (e.g. a GPU's thermal calibration)."""
+        row = self._conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else row[0]
+
+    def set_meta(self, key: str, value: str) -> None:
+        if key == "config_hash":
+            raise ValueError("the config hash is fixed when the journal is created")
+        self._conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+
+    def integrity_ok(self) -> bool:
+        return self._conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> "Journal":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,273 @@
+"""The profiler: measures candidates by the configured protocol and never loses or repeats one.
+
+Protocol per candidate (every step a ``profiler:`` value): cool down (policy), lock the clock
+(frequency controller), settle, warm up, time a few calibration runs to size the window to about
+``target_window_s`` of back-to-back executions, read energy over ``repeats`` windows, drop MAD
+outliers, aggregate. Each result is committed to the journal before the search sees it; candidates
+already in the journal are answered from it at no cost (``CandidateMeasured(cached=True)``).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import replace
+from typing import Any, Callable, Sequence
+
+from kareus.events import CandidateMeasured
+from kareus.hardware.base import HardwareBackend
+from kareus.profiler.config import ProfilerConfig, section
+from kareus.profiler.journal import Journal
+from kareus.profiler.stats import mad_outliers, median
+from kareus.registry import COOLDOWNS, FREQUENCY_CONTROLLERS
+from kareus.search.base import Evaluate
+from kareus.types import SEQUENTIAL, Candidate, Measurement, Op, PartitionType, Reading
+
+
+class ReadError(RuntimeError):
+    """A transient failure to read time or energy (NVML error, counter glitch): worth retrying.
+
+    Backends raise it (or return ``Reading(ok=False)``); any other exception from a backend means the
+    kernel itself failed, and the candidate is recorded as failed without retries.
+    """
+
+
+class _Crash(Exception):
+    pass
+
+
+class Profiler:
+    """Measures candidates on one backend; one instance per worker (it owns the GPU's clock)."""
+
+    def __init__(self, cfg: ProfilerConfig, backend: HardwareBackend, journal: Journal | None = None,
+                 emit: Callable[[Any], None] | None = None, *, frequency: Any = None, cooldown: Any = None) -> None:
+        self.cfg = cfg
+        self.backend = backend
+        self.journal = journal
+        self.emit = emit or (lambda event: None)
+        if frequency is None:
+            fsec = section(cfg.frequency)
+            frequency = FREQUENCY_CONTROLLERS.build(fsec["name"], backend, config=fsec)
+        if cooldown is None:
+            csec = section(cfg.cooldown)
+            cooldown = COOLDOWNS.build(csec["name"], config=csec)
+        self.frequency = frequency
+        self.cooldown = cooldown
+        self._known: dict[tuple[str, str, int, int], tuple[Measurement, float]] = journal.load() if journal else {}
+        self._spent: dict[str, float] = {}
+        self._index: dict[str, int] = {}
+        self.measured = 0  # candidates actually measured by this instance (not answered from the journal)
+
+    # -- the searcher's view ---------------------------------------------------------------------
+    def evaluator(self, partition: PartitionType) -> Evaluate:
+        """``evaluate(batch, annotations)`` for a searcher working on ``partition``."""
+
+        def evaluate(batch: Sequence[Candidate], annotations: Sequence[dict[str, Any]] | None = None) -> list[Measurement]:
+            out = []
+            for i, cand in enumerate(batch):
+                ann = annotations[i] if annotations is not None and i < len(annotations) else None
+                out.append(self.measure(partition, cand, ann))
+            return out
+
+        return evaluate
+
+    def gpu_seconds(self, partition: str) -> float:
+        """Profiling GPU-time charged to ``partition`` so far (journaled costs included)."""
+        return self._spent.get(partition, 0.0)
+
+    def measure(self, partition: PartitionType, cand: Candidate, annotation: dict[str, Any] | None = None) -> Measurement:
+        """The candidate's measurement: from the journal if known, else profiled and journaled now."""
+        hit = self._known.get(cand.key)
+        cached = hit is not None
+        if hit is not None:
+            m, cost = hit
+        else:
+            start = self.backend.now()
+            m = self._profile(partition, cand)
+            cost = self.backend.now() - start
+            self._record(m, cost)
+            self.measured += 1
+        self._spent[cand.partition] = self._spent.get(cand.partition, 0.0) + cost
+        index = self._index.get(cand.partition, 0)
+        self._index[cand.partition] = index + 1
+        ann = annotation or {}
+        self.emit(CandidateMeasured(
+            partition=cand.partition, index=index, measurement=m, predicted=ann.get("predicted"),
+            pass_name=ann.get("pass"), gpu_seconds=self._spent[cand.partition], cached=cached))
+        return m
+
+    def profile_ops(self, ops: Sequence[Op], freq_mhz: int) -> Measurement:
+        """Time and energy of a plain op sequence (residual, non-partition work) at ``freq_mhz``.
+
+        Journaled under a pseudo-candidate ``ops:<digest>`` so a resumed run does not re-measure it.
+        """
+        digest = hashlib.sha1(repr(tuple(ops)).encode()).hexdigest()[:16]
+        cand = Candidate(f"ops:{digest}", SEQUENTIAL, 0, int(freq_mhz))
+        hit = self._known.get(cand.key)
+        if hit is not None:
+            return hit[0]
+        start = self.backend.now()
+        self.cooldown.cool(self.backend)
+        try:
+            self._lock(cand.freq_mhz)
+            m = self._windows(cand, lambda w: self.backend.measure_ops(ops, w), self.cfg.target_window_s)
+        except _Crash as e:
+            m = Measurement.failure(cand, str(e))
+        self._record(m, self.backend.now() - start)
+        return m
+
+    def close(self) -> None:
+        """Give the clocks back (the frequency controller resets them)."""
+        self.frequency.__exit__(None, None, None)
+
+    def __enter__(self) -> "Profiler":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- the protocol ----------------------------------------------------------------------------
+    def _lock(self, mhz: int) -> None:
+        try:
+            self.frequency.set(int(mhz))
+        except Exception as e:
+            raise _Crash(f"clock: {type(e).__name__}: {e}") from e
+        if self.cfg.settle_s > 0:
+            self.backend.idle(self.cfg.settle_s)
+
+    def _profile(self, partition: PartitionType, cand: Candidate) -> Measurement:
+        cfg, backend = self.cfg, self.backend
+        self.cooldown.cool(backend)
+        try:
+            self._lock(cand.freq_mhz)
+            try:
+                for _ in range(cfg.warmup_runs):
+                    backend.run_once(partition, cand)
+                times = [float(backend.run_once(partition, cand)) for _ in range(cfg.calibration_runs)]
+            except Exception as e:
+                raise _Crash(f"crash: {type(e).__name__}: {e}") from e
+            per = median(times)
+            if not math.isfinite(per) or per <= 0:
+                return Measurement.failure(cand, f"calibration: execution time {per!r}")
+            self._thermal_probe(partition, cand)
+            n = min(max(1, math.ceil(cfg.target_window_s / per)), cfg.max_executions)
+            window = max(n * per, cfg.min_window_s)
+            return self._windows(cand, lambda w: backend.measure(partition, cand, w), window)
+        except _Crash as e:
+            return Measurement.failure(cand, str(e))
+
+    def _thermal_probe(self, partition: PartitionType, cand: Candidate) -> None:
+        """Let a compensating cooldown policy fit its thermal model once (on the first candidate)."""
+        probe = getattr(self.cooldown, "calibrate", None)
+        if probe is None or getattr(self.cooldown, "calibrated", True):
+            return
+        key = f"thermal:{self.backend.name}:{type(self.cooldown).__name__}"
+        saved = self.journal.get_meta(key) if self.journal is not None else None
+        if saved is not None:  # this GPU was probed earlier in the run (or before a resume)
+            self.cooldown.load_state(json.loads(saved))
+            return
+
+        def read_at(mhz: int, window_s: float) -> Reading:
+            self.frequency.set(int(mhz))
+            return self.backend.measure(partition, replace(cand, freq_mhz=int(mhz)), window_s)
+
+        try:
+            probe(self.backend, read_at)
+        finally:
+            self._lock(cand.freq_mhz)
+        if self.journal is not None:
+            self.journal.set_meta(key, json.dumps(self.cooldown.state()))
+
+    def _windows(self, cand: Candidate, read: Callable[[float], Reading], window: float) -> Measurement:
+        cfg = self.cfg
+        good: list[Reading] = []
+        seen: list[Reading] = []
+        excess: list[float] = []
+        retried = 0
+        correct = getattr(self.cooldown, "excess_energy", None)
+        for r in range(cfg.repeats):
+            if r > 0 and cfg.cooldown_between_repeats:
+                self.cooldown.cool(self.backend)
+            start_c = self.backend.temperature()
+            reading, tries = self._read(read, window, seen)
+            retried += tries - 1
+            if reading is None:
+                why = seen[-1].error if seen and seen[-1].error else "invalid reading"
+                return Measurement.failure(cand, f"read failed after {cfg.retries + 1} tries: {why}", tuple(seen))
+            good.append(reading)
+            excess.append(correct(reading, start_c, self.backend.idle_temperature()) if correct else 0.0)
+        return self._aggregate(cand, good, retried, excess)
+
+    def _read(self, read: Callable[[float], Reading], window: float, seen: list[Reading]) -> tuple[Reading | None, int]:
+        """One window, retried up to ``retries`` times; a window too short is lengthened on retry."""
+        for attempt in range(self.cfg.retries + 1):
+            try:
+                reading = read(window)
+            except ReadError as e:
+                seen.append(Reading(math.nan, math.nan, math.nan, math.nan, window, 0, False, f"read error: {e}"))
+                continue
+            except Exception as e:
+                raise _Crash(f"crash: {type(e).__name__}: {e}") from e
+            problem = self._invalid(reading)
+            if problem is None:
+                return reading, attempt + 1
+            if reading.ok:
+                reading = Reading(reading.time_s, reading.energy_j, reading.temperature_c, reading.freq_mhz,
+                                  reading.window_s, reading.executions, False, problem)
+            seen.append(reading)
+            if "window" in problem:
+                window = max(window, self.cfg.min_window_s) * 2
+        return None, self.cfg.retries + 1
+
+    def _invalid(self, r: Reading) -> str | None:
+        if not r.ok:
+            return r.error or "backend reported a failed read"
+        if not (math.isfinite(r.time_s) and r.time_s > 0):
+            return f"bad time {r.time_s!r}"
+        if not (math.isfinite(r.energy_j) and r.energy_j > 0):
+            return f"bad energy {r.energy_j!r} (counter wrap or reset?)"
+        if r.window_s < self.cfg.min_window_s * (1 - 1e-9):
+            return f"window {r.window_s:.3g}s shorter than the counter needs ({self.cfg.min_window_s}s)"
+        return None
+
+    def _aggregate(self, cand: Candidate, readings: list[Reading], retried: int,
+                   excess: list[float] | None = None) -> Measurement:
+        """Mean of the repeats that are not MAD outliers; ``excess`` is residual-heat energy to remove."""
+        thr = self.cfg.mad_threshold
+        excess = excess or [0.0] * len(readings)
+        energies = [r.energy_j - x for r, x in zip(readings, excess)]
+        t_out = mad_outliers([r.time_s for r in readings], thr)
+        e_out = mad_outliers(energies, thr)
+        out = [a or b for a, b in zip(t_out, e_out)]
+        keep = [i for i, o in enumerate(out) if not o] or list(range(len(readings)))
+        kept = [readings[i] for i in keep]
+        flags = [f"outlier:{i}" for i, o in enumerate(out) if o]
+        if retried:
+            flags.append(f"retried:{retried}")
+        k = len(kept)
+        t = sum(r.time_s for r in kept) / k
+        e = sum(energies[i] for i in keep) / k
+        raw = sum(r.energy_j for r in kept) / k
+        if e != raw:
+            flags.append(f"thermal:{(e / raw - 1) * 100:+.3f}%")
+        static = float(self.backend.gpu.static_power_w)
+        return Measurement(
+            candidate=cand, time_s=t, energy_j=e, dynamic_energy_j=e - static * t, static_power_w=static,
+            temperature_c=sum(r.temperature_c for r in kept) / k, freq_mhz=sum(r.freq_mhz for r in kept) / k,
+            repeats=k, failed=False, flags=tuple(flags), readings=tuple(readings))
+
+    def _record(self, m: Measurement, cost: float) -> None:
+        self._known[m.candidate.key] = (m, cost)
+        if self.journal is None:
+            return
+        try:
+            temp: float | None = float(self.backend.temperature())
+        except Exception:
+            temp = None
+        clock = getattr(self.frequency, "locked", None)
+        if clock is None:
+            try:
+                clock = int(self.backend.clock())
+            except Exception:
+                clock = None
+        self.journal.append(m, backend=self.backend.name, clock_mhz=clock, gpu_temperature_c=temp, gpu_seconds=cost)

@@ -1,0 +1,105 @@
+"""The measurement journal: exact round trips, the config-hash guard, concurrent and killed writers."""
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kareus.profiler import Journal, JournalMismatchError, journal_path_for
+from kareus.types import Candidate, Measurement, Reading
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def meas(part: str, i: int, failed: bool = False) -> Measurement:
+    c = Candidate(part, "attn_0" if i % 2 else "sequential", 2 + i % 7, 1410 - 15 * (i % 20))
+    if failed:
+        return Measurement.failure(c, "read failed after 3 tries: counter wrapped",
+                                   (Reading(math.nan, math.nan, math.nan, math.nan, 5.0, 0, False, "wrap"),))
+    t = 1e-3 * (1 + i / 7)
+    r = (Reading(t, 0.1 + i / 3, 61.25 + i, 1410.0, 5.0001, 4321), Reading(t * 1.01, 0.1 + i / 3.1, 62.5, 1395.0, 5.0, 4300))
+    return Measurement(c, t, 0.1 + i / 3, 0.05 + i / 3, 90.0, 61.875, 1402.5, 2, False, ("outlier:1",), r)
+
+
+def test_round_trip_is_exact(tmp_path):
+    path = journal_path_for(tmp_path)
+    assert path == tmp_path / "journal.sqlite"
+    with Journal.open(path, "abc") as j:
+        ms = [meas("fwd", i) for i in range(5)] + [meas("bwd", 9, failed=True)]
+        for m in ms:
+            j.append(m, backend="sim", clock_mhz=m.candidate.freq_mhz, gpu_temperature_c=55.5, gpu_seconds=13.0)
+    with Journal.open(path, "abc") as j:
+        back = j.measurements()
+        assert back[:5] == ms[:5] and [b.readings for b in back[:5]] == [m.readings for m in ms[:5]]
+        f = back[5]
+        assert f.failed and f.flags == ms[5].flags and math.isnan(f.time_s) and not f.readings[0].ok
+        assert list(j.load("fwd")) == [m.candidate.key for m in ms[:5]]
+        assert j.entries("bwd")[0][1] == 13.0 and j.count() == 6 and j.duplicates() == []
+        row = j._conn.execute("SELECT backend, clock_mhz, gpu_temperature_c, config_hash FROM measurements").fetchone()
+        assert row == ("sim", ms[0].candidate.freq_mhz, 55.5, "abc")
+
+
+def test_other_config_hash_is_refused_with_one_line(tmp_path):
+    Journal.open(tmp_path / "j.sqlite", "aaaa").close()
+    with pytest.raises(JournalMismatchError) as e:
+        Journal.open(tmp_path / "j.sqlite", "bbbb")
+    msg = str(e.value)
+    assert "\n" not in msg and "aaaa" in msg and "bbbb" in msg and "new run directory" in msg
+
+
+def _writer(path: str, part: str, n: int) -> None:
+    with Journal.open(path, "h") as j:
+        for i in range(n):
+            j.append(meas(part, i), backend="sim", clock_mhz=1410, gpu_temperature_c=50.0, gpu_seconds=1.0)
+
+
+def test_concurrent_writers_do_not_corrupt(tmp_path):
+    path = str(tmp_path / "j.sqlite")
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(path, f"p{k}", 40)) for k in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    with Journal.open(path, "h") as j:
+        assert j.integrity_ok() and j.count() == 160 and j.duplicates() == []
+        for k in range(4):
+            assert j.measurements(f"p{k}") == [meas(f"p{k}", i) for i in range(40)]
+
+
+KILLED_WRITER = """
+import sys
+from kareus.profiler import Journal
+from kareus.types import Candidate, Measurement
+j = Journal.open(sys.argv[1], "h")
+i = 0
+while True:
+    c = Candidate("p", "sequential", i % 100, 1000 + i)
+    j.append(Measurement(c, 1.0, float(i), 0.5, 90.0, 50.0, 1000.0, 1), backend="sim", clock_mhz=1000,
+             gpu_temperature_c=50.0)
+    if i == 0:
+        print("ready", flush=True)
+    i += 1
+"""
+
+
+def test_sigkill_mid_write_leaves_a_valid_journal(tmp_path):
+    path = tmp_path / "j.sqlite"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(path)], stdout=subprocess.PIPE, env=env)
+    assert proc.stdout.readline().strip() == b"ready"
+    time.sleep(0.3)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    with Journal.open(path, "h") as j:
+        n = j.count()
+        assert n >= 1 and j.integrity_ok()
+        assert [m.energy_j for m in j.measurements()] == [float(i) for i in range(n)]  # a prefix, none torn

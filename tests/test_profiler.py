@@ -1,0 +1,359 @@
+"""The profiler's protocol, robustness (retries, outliers, crashes), journal answers and controllers."""
+from __future__ import annotations
+
+import math
+import sys
+import types
+
+import pytest
+
+from kareus.events import CandidateMeasured
+from kareus.profiler import Journal, Profiler, ProfilerConfig, ReadError
+from kareus.registry import COOLDOWNS, FREQUENCY_CONTROLLERS
+from kareus.search.synthetic import SYNTH_GPU, SyntheticGPU, synthetic_partition
+from kareus.types import Candidate, Op, OpKind, Reading
+
+PART = synthetic_partition("fwd_synth", 6)
+
+
+class FakeBackend:
+    """A deterministic GPU with a first-order thermal model and scripted faults per candidate.
+
+    ``script[candidate]`` is a list consumed one per ``measure`` call: "read_error" raises ReadError,
+    "bad" returns ok=False, "short" returns a too-short window, "crash" raises RuntimeError,
+    ("scale", k) multiplies energy by k; anything else (or an empty list) is a normal reading.
+    """
+
+    name = "fake"
+
+    def __init__(self, tau_s: float = 8.0, idle_c: float = 35.0, hot_c: float = 75.0, leak_w_per_c: float = 0.0) -> None:
+        self.leak = leak_w_per_c  # leakage: energy grows with the window's mean temperature
+        self.gpu = SYNTH_GPU
+        self.truth = SyntheticGPU(PART)
+        self.t = 0.0
+        self.mhz = SYNTH_GPU.max_mhz
+        self.temp = idle_c
+        self.idle_c, self.hot_c, self.tau = idle_c, hot_c, tau_s
+        self.script: dict[Candidate, list] = {}
+        self.clock_calls: list[int] = []
+        self.measure_calls = 0
+        self.windows: list[float] = []
+
+    def _heat(self, seconds: float, target: float) -> None:
+        self.temp = target + (self.temp - target) * math.exp(-seconds / self.tau)
+        self.t += seconds
+
+    def set_clock(self, mhz: int) -> None:
+        self.clock_calls.append(mhz)
+        self.mhz = mhz
+
+    def clock(self) -> int:
+        return self.mhz
+
+    def temperature(self) -> float:
+        return self.temp
+
+    def idle_temperature(self) -> float:
+        return self.idle_c
+
+    def now(self) -> float:
+        return self.t
+
+    def idle(self, seconds: float) -> None:
+        self._heat(seconds, self.idle_c)
+
+    def run_once(self, partition, candidate) -> float:
+        t, _, _ = self.truth.truth(candidate)
+        self._heat(t, self.hot_c)
+        return t
+
+    def measure(self, partition, candidate, window_s: float) -> Reading:
+        self.measure_calls += 1
+        self.windows.append(window_s)
+        action = self.script.get(candidate, [])
+        action = action.pop(0) if action else None
+        if action == "crash":
+            raise RuntimeError("illegal memory access")
+        if action == "read_error":
+            raise ReadError("NVML_ERROR_UNKNOWN")
+        t, e, _ = self.truth.truth(candidate)
+        target, t0 = self.hot_c, self.temp
+        mean_c = target + (t0 - target) * self.tau / window_s * (1 - math.exp(-window_s / self.tau))
+        e += self.leak * (mean_c - self.idle_c) * t
+        self._heat(window_s, self.hot_c)
+        if isinstance(action, tuple) and action[0] == "scale":
+            e *= action[1]
+        n = max(1, round(window_s / t))
+        if action == "bad":
+            return Reading(t, e, self.temp, float(self.mhz), window_s, n, ok=False, error="counter wrapped")
+        if action == "short":
+            return Reading(t, e, self.temp, float(self.mhz), 0.01, n)
+        return Reading(t, e, self.temp, float(self.mhz), window_s, n)
+
+    def measure_ops(self, ops, window_s: float) -> Reading:
+        self.measure_calls += 1
+        self._heat(window_s, self.hot_c)
+        return Reading(1e-3 * len(ops), 0.3 * len(ops), self.temp, float(self.mhz), window_s, 1000)
+
+    def space(self, partition):
+        return None
+
+
+def cand(slot="sequential", sms=4, f=1200) -> Candidate:
+    return Candidate(PART.key, slot, sms, f)
+
+
+def make(tmp_path, backend=None, events=None, **cfg):
+    backend = backend or FakeBackend()
+    journal = Journal.open(tmp_path / "j.sqlite", "h1")
+    events = events if events is not None else []
+    prof = Profiler(ProfilerConfig(**cfg), backend, journal, events.append)
+    return prof, backend, journal, events
+
+
+def test_protocol_locks_clock_sizes_window_and_journals(tmp_path):
+    prof, be, journal, events = make(tmp_path)
+    c = cand()
+    m = prof.evaluator(PART)([c], [{"pass": "total", "predicted": {"time_s": 1.0}}])[0]
+    t, e, _ = be.truth.truth(c)
+    assert not m.failed and m.time_s == pytest.approx(t) and m.energy_j == pytest.approx(e)
+    assert m.dynamic_energy_j == pytest.approx(e - SYNTH_GPU.static_power_w * t)
+    assert be.clock_calls[0] == 1200
+    assert abs(be.windows[0] - 5.0) <= t  # whole executions covering ~5 s
+    assert journal.count() == 1 and journal.measurements()[0] == m
+    (ev,) = events
+    assert isinstance(ev, CandidateMeasured) and not ev.cached and ev.pass_name == "total"
+    assert ev.predicted == {"time_s": 1.0} and ev.gpu_seconds == pytest.approx(be.now())
+    assert be.now() > 5.0 + 5.0  # window plus the fixed 5 s cooldown
+
+
+def test_journal_answers_without_remeasuring(tmp_path):
+    prof, be, journal, _ = make(tmp_path)
+    first = prof.evaluator(PART)([cand(), cand(sms=8)], None)
+    spent = prof.gpu_seconds(PART.key)
+    be2, events = FakeBackend(), []
+    prof2 = Profiler(ProfilerConfig(), be2, Journal.open(tmp_path / "j.sqlite", "h1"), events.append)
+    again = prof2.evaluator(PART)([cand(), cand(sms=8)], None)
+    assert again == first and [a.readings for a in again] == [f.readings for f in first]
+    assert be2.measure_calls == 0 and be2.now() == 0.0
+    assert all(ev.cached for ev in events) and [ev.index for ev in events] == [0, 1]
+    assert prof2.gpu_seconds(PART.key) == pytest.approx(spent)  # journaled cost carried over
+
+
+def test_failed_reads_retried_then_recorded_failed(tmp_path):
+    prof, be, journal, _ = make(tmp_path, retries=2)
+    ok, bad = cand(sms=4), cand(sms=8)
+    be.script[ok] = ["read_error", "bad"]
+    be.script[bad] = ["read_error", "bad", "read_error", "normal"]
+    m_ok, m_bad = prof.evaluator(PART)([ok, bad], None)
+    assert not m_ok.failed and "retried:2" in m_ok.flags
+    assert m_bad.failed and math.isnan(m_bad.energy_j) and math.isnan(m_bad.time_s)
+    assert "read failed after 3 tries" in m_bad.flags[0]
+    assert be.measure_calls == 6  # 3 for ok, 3 for bad: bounded
+    assert [m.failed for m in journal.measurements()] == [False, True]
+
+
+def test_short_window_retried_with_a_longer_one(tmp_path):
+    prof, be, _, _ = make(tmp_path, min_window_s=1.0)
+    c = cand()
+    be.script[c] = ["short"]
+    m = prof.evaluator(PART)([c], None)[0]
+    assert not m.failed and be.windows[1] >= 2 * be.windows[0] - 1e-9
+
+
+def test_crash_is_failed_and_search_goes_on(tmp_path):
+    prof, be, journal, _ = make(tmp_path, retries=5)
+    boom, fine = cand(sms=2), cand(sms=6)
+    be.script[boom] = ["crash"]
+    m_boom, m_fine = prof.evaluator(PART)([boom, fine], None)
+    assert m_boom.failed and "illegal memory access" in m_boom.flags[0]
+    assert not m_fine.failed
+    assert be.measure_calls == 2  # a crash is not retried
+    assert journal.count() == 2
+
+
+def test_mad_outlier_flagged_and_excluded(tmp_path):
+    prof, be, _, _ = make(tmp_path, repeats=5)
+    c = cand()
+    be.script[c] = ["n", "n", ("scale", 1.5), "n", "n"]
+    m = prof.evaluator(PART)([c], None)[0]
+    _, e, _ = be.truth.truth(c)
+    assert "outlier:2" in m.flags and m.repeats == 4 and len(m.readings) == 5
+    assert m.energy_j == pytest.approx(e)  # the 1.5x window did not leak into the mean
+
+
+def test_profile_ops_is_journaled(tmp_path):
+    prof, be, journal, _ = make(tmp_path)
+    ops = (Op("embed", OpKind.ELEMENTWISE, bytes=1e6), Op("head", OpKind.GEMM, flops=1e9))
+    m = prof.profile_ops(ops, 1110)
+    assert not m.failed and m.time_s == pytest.approx(2e-3) and m.candidate.partition.startswith("ops:")
+    assert m.dynamic_energy_j == pytest.approx(0.6 - SYNTH_GPU.static_power_w * 2e-3)
+    calls = be.measure_calls
+    assert prof.profile_ops(ops, 1110) == m and be.measure_calls == calls
+    prof2 = Profiler(ProfilerConfig(), FakeBackend(), Journal.open(tmp_path / "j.sqlite", "h1"))
+    assert prof2.profile_ops(ops, 1110) == m
+
+
+# -- cooldown policies ---------------------------------------------------------------------------
+def hot_backend(**kw) -> FakeBackend:
+    be = FakeBackend(**kw)
+    be.temp = 70.0
+    return be
+
+
+def test_fixed_and_none_cooldowns():
+    be = hot_backend()
+    assert COOLDOWNS.build("fixed", config={}).cool(be) == 5.0 and be.now() == 5.0
+    assert COOLDOWNS.build("fixed", config={"seconds": 2}).cool(be) == 2.0 and be.now() == 7.0
+    assert COOLDOWNS.build("none", config={}).cool(be) == 0.0 and be.now() == 7.0
+
+
+def test_temperature_cooldown_waits_until_near_idle_or_timeout():
+    be = hot_backend(tau_s=8.0)
+    waited = COOLDOWNS.build("temperature", config={"delta_c": 2.0, "poll_s": 0.5}).cool(be)
+    assert be.temperature() <= 37.0 + 1e-9 and waited == pytest.approx(be.now())
+    assert waited == pytest.approx(math.ceil(8.0 * math.log(35 / 2) / 0.5) * 0.5)
+    be = hot_backend(tau_s=1000.0)
+    assert COOLDOWNS.build("temperature", config={"timeout_s": 3.0}).cool(be) == pytest.approx(3.0)
+
+
+def test_predictive_cooldown_learns_tau_and_waits_just_enough():
+    pol = COOLDOWNS.build("predictive", config={"delta_c": 2.0, "tau_s": 3.0, "poll_s": 0.25})
+    be = hot_backend(tau_s=8.0)
+    pol.cool(be)
+    assert pol.tau == pytest.approx(8.0, rel=1e-6)  # fitted from the first decay
+    be2 = hot_backend(tau_s=8.0)
+    waited = pol.cool(be2)
+    assert waited == pytest.approx(8.0 * math.log(35 / 2), rel=1e-6)  # one exact wait, no polling slack
+    assert be2.temperature() == pytest.approx(37.0, abs=1e-6)
+    assert pol.cool(be2) == 0.0  # already cool
+
+
+def test_compensated_fits_leakage_and_removes_the_heat_bias(tmp_path):
+    cool = {"name": "compensated", "cycles": 2, "probe_windows": 4, "probe_window_s": 4.0, "probe_idle_s": 10.0}
+    c = cand(f=1200)
+    cold_be = FakeBackend(leak_w_per_c=0.5)
+    cold = Profiler(ProfilerConfig(cooldown={"name": "fixed", "seconds": 0}), cold_be).measure(PART, c)
+    be = FakeBackend(leak_w_per_c=0.5)
+    journal = Journal.open(tmp_path / "j.sqlite", "h")
+    prof = Profiler(ProfilerConfig(cooldown=cool), be, journal)
+    first = prof.measure(PART, cand(f=1000))  # runs the probe first
+    pol = prof.cooldown
+    assert set(pol.slopes) == {SYNTH_GPU.max_mhz, 855} and pol.probe_seconds > 0
+    assert all(k == pytest.approx(0.5, rel=0.02) for k in pol.slopes.values())
+    assert pol.tau == pytest.approx(8.0, rel=0.02)
+    be.temp = 70.0  # as if the previous candidate left the GPU hot
+    raw = FakeBackend(leak_w_per_c=0.5)
+    raw.temp = 70.0
+    hot_raw = Profiler(ProfilerConfig(cooldown={"name": "none"}), raw).measure(PART, c)
+    hot = prof.measure(PART, c)
+    assert hot_raw.energy_j > cold.energy_j * 1.01  # uncorrected: biased by the heat
+    assert hot.energy_j == pytest.approx(cold.energy_j, rel=2e-3)  # corrected back to a cold start
+    assert any(f.startswith("thermal:-") for f in hot.flags) and not first.failed
+    assert hot.readings[0].energy_j == pytest.approx(hot_raw.readings[0].energy_j)  # raw reading kept
+    # a second profiler on this journal reuses the fit instead of probing again
+    prof2 = Profiler(ProfilerConfig(cooldown=cool), FakeBackend(leak_w_per_c=0.5), journal)
+    prof2.measure(PART, cand(f=1110))
+    assert prof2.cooldown.slopes == pol.slopes and prof2.cooldown.probe_seconds == 0.0
+
+
+# -- frequency controllers -------------------------------------------------------------------------
+def test_sim_controller_resets_clock_even_on_error():
+    be = FakeBackend()
+    with pytest.raises(ValueError):
+        with FREQUENCY_CONTROLLERS.build("sim", be, config={}) as ctl:
+            ctl.set(900)
+            ctl.set(900)  # no redundant call
+            raise ValueError("search died")
+    assert be.clock_calls == [900, SYNTH_GPU.max_mhz]
+
+
+def test_profiler_close_resets_clock(tmp_path):
+    prof, be, _, _ = make(tmp_path)
+    with prof:
+        prof.evaluator(PART)([cand(f=1000)], None)
+    assert be.clock_calls[-1] == SYNTH_GPU.max_mhz
+
+
+def test_nvml_controller_locks_group_and_always_resets(monkeypatch):
+    calls = []
+    fake = types.ModuleType("pynvml")
+    fake.nvmlInit = lambda: calls.append("init")
+    fake.nvmlShutdown = lambda: calls.append("shutdown")
+    fake.nvmlDeviceGetHandleByIndex = lambda i: f"h{i}"
+    fake.nvmlDeviceSetGpuLockedClocks = lambda h, lo, hi: calls.append(("lock", h, lo, hi))
+    fake.nvmlDeviceResetGpuLockedClocks = lambda h: calls.append(("reset", h))
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    with pytest.raises(RuntimeError):
+        with FREQUENCY_CONTROLLERS.build("nvml", None, config={"devices": [2, 3]}) as ctl:
+            ctl.set(1005)
+            raise RuntimeError("crash")
+    assert calls == ["init", ("lock", "h2", 1005, 1005), ("lock", "h3", 1005, 1005), ("reset", "h2"),
+                     ("reset", "h3"), "shutdown"]
+
+
+def test_zeus_controller_locks_and_resets(monkeypatch):
+    calls = []
+
+    class GPU:
+        def __init__(self, i):
+            self.i = i
+
+        def set_gpu_locked_clocks(self, lo, hi):
+            calls.append(("lock", self.i, lo, hi))
+
+        def reset_gpu_locked_clocks(self):
+            calls.append(("reset", self.i))
+
+    class GPUs:
+        gpus = [GPU(0), GPU(1)]
+
+        def __len__(self):
+            return 2
+
+    zeus = types.ModuleType("zeus")
+    device = types.ModuleType("zeus.device")
+    device.get_gpus = GPUs
+    monkeypatch.setitem(sys.modules, "zeus", zeus)
+    monkeypatch.setitem(sys.modules, "zeus.device", device)
+    with FREQUENCY_CONTROLLERS.build("zeus", None, config={}) as ctl:
+        ctl.set(1200)
+    assert calls == [("lock", 0, 1200, 1200), ("lock", 1, 1200, 1200), ("reset", 0), ("reset", 1)]
+
+
+# -- config ----------------------------------------------------------------------------------------
+def test_problems_reports_every_issue():
+    assert ProfilerConfig().problems() == []
+    probs = ProfilerConfig(target_window_s=0, repeats=0, retries=-1, cooldown={"name": "nap"},
+                           frequency={"name": "sim", "bogus": 1}).problems()
+    text = "\n".join(probs)
+    assert "target_window_s" in text and "repeats" in text and "retries" in text
+    assert "'nap' is unknown; known: compensated, fixed, none, predictive, temperature" in text
+    assert "bogus" in text
+    assert any("seconds" in p for p in ProfilerConfig(cooldown={"name": "fixed", "seconds": -1}).problems())
+
+
+def test_yaml_composes_typed_sections():
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from kareus.config.store import store_all
+    from kareus.registry import to_dataclass
+
+    store_all()
+    conf = Path(__file__).resolve().parents[1] / "conf"
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        cfg = compose("profiler/default", overrides=["profiler/cooldown=temperature", "profiler.cooldown.delta_c=1.5",
+                                                         "profiler.repeats=3"])
+        with pytest.raises(Exception):
+            compose("profiler/default", overrides=["profiler.cooldown.secnds=3"])
+    GlobalHydra.instance().clear()
+    section = cfg.profiler
+    pc = to_dataclass(ProfilerConfig, section)
+    assert pc.repeats == 3 and pc.problems() == []
+    assert OmegaConf.to_container(section.cooldown) == {"name": "temperature", "delta_c": 1.5, "timeout_s": 30.0,
+                                                        "poll_s": 0.5}
