@@ -1,0 +1,75 @@
+"""Hydra callback: a multirun gets one parent (sweep) MLflow run; each job's run nests under it.
+
+The store and experiment are created here, once, before any job starts, so jobs running in
+parallel never initialise SQLite concurrently. The parent id reaches the jobs through an environment
+variable (inherited by launcher processes) and a file in the sweep directory.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+
+from kareus.tracking import records
+from kareus.tracking.config import as_tracking_config
+from kareus.tracking.partition import KIND_TAG, PARENT_TAG
+from kareus.tracking.store import ENV_PARENT_RUN, PARENT_RUN_FILE, connect, retry
+
+log = logging.getLogger(__name__)
+
+
+class MlflowSweepCallback(Callback):
+    """Add under ``hydra.callbacks`` in conf/config.yaml (see kareus/tracking/__init__.py)."""
+
+    def __init__(self) -> None:
+        self.run_id: str | None = None
+        self._client = None
+        self._experiment_id: str | None = None
+        self._previous_env: str | None = None
+
+    def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+        tracking = as_tracking_config(config.get("tracking")) if "tracking" in config else None
+        if tracking is None or not tracking.enabled:
+            return
+        hydra = config.hydra
+        cwd = hydra.runtime.cwd or os.getcwd()
+        self._client, self._experiment_id, _ = connect(tracking.uri, tracking.experiment,
+                                                       tracking.artifact_location, cwd, tracking.telemetry)
+        overrides = list(hydra.overrides.task)
+        sweep_dir = Path(cwd) / str(hydra.sweep.dir)
+        tags = {KIND_TAG: "sweep", "sweep.dir": str(sweep_dir), **records.override_tags(overrides)}
+        from kareus.tracking.tracker import _user, git_state
+
+        tags.update({"mlflow.user": _user(), **git_state(cwd)})
+        name = "sweep " + (" ".join(overrides) if overrides else sweep_dir.name)
+        run = retry(self._client.create_run, self._experiment_id, run_name=records.truncate(name, 250), tags=tags)
+        self.run_id = run.info.run_id
+        self._previous_env = os.environ.get(ENV_PARENT_RUN)
+        os.environ[ENV_PARENT_RUN] = self.run_id
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        (sweep_dir / PARENT_RUN_FILE).write_text(self.run_id + "\n")
+        log.info("MLflow sweep run %s", self.run_id)
+
+    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        if self.run_id is None:
+            return
+        children = retry(self._client.search_runs, [self._experiment_id],
+                         filter_string=f"tags.`{PARENT_TAG}` = '{self.run_id}'", max_results=10000)
+        statuses = [c.info.status for c in children]
+        for child in children:  # a job whose process died never closed its run
+            if child.info.status == "RUNNING":
+                retry(self._client.set_terminated, child.info.run_id, "FAILED")
+        failed = sum(s in ("FAILED", "KILLED", "RUNNING") for s in statuses)
+        from mlflow.entities import Metric
+
+        retry(self._client.log_batch, self.run_id,
+              metrics=[Metric("jobs", float(len(statuses)), 0, 0), Metric("jobs_failed", float(failed), 0, 0)])
+        retry(self._client.set_terminated, self.run_id, "FAILED" if failed else "FINISHED")
+        if self._previous_env is None:
+            os.environ.pop(ENV_PARENT_RUN, None)
+        else:
+            os.environ[ENV_PARENT_RUN] = self._previous_env
+        self.run_id = None

@@ -1,0 +1,47 @@
+"""The ``tracking`` config section: where and how a run is recorded in MLflow."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from kareus.config.store import register_schema
+
+
+@dataclass
+class TrackingConfig:
+    """MLflow tracking settings (``conf/tracking/default.yaml``).
+
+    ``uri`` is any MLflow tracking URI: the default local SQLite store, or ``http://host:port`` of a
+    tracking server on a cluster. Relative SQLite paths and ``artifact_location`` are taken from the
+    directory the command was started in. ``artifact_location`` only applies to experiments created
+    on a local store; a tracking server chooses its own artifact root.
+    """
+
+    enabled: bool = True
+    uri: str = "sqlite:///runs/mlflow.db"
+    artifact_location: Optional[str] = "runs/mlartifacts"
+    experiment: str = "kareus"
+    run_name: Optional[str] = None
+    candidates: bool = True  # log every profiled candidate as it is measured
+    flush_interval_s: float = 1.0  # candidate metrics are written at most this often (SQLite commits cost)
+    plots: bool = True  # PNG plots of frontiers and hypervolume
+    telemetry: bool = False  # MLflow's own usage telemetry; off unless asked for
+
+
+register_schema("tracking", "default", TrackingConfig)
+
+
+def as_tracking_config(value) -> TrackingConfig:
+    """A TrackingConfig from itself, a (structured) DictConfig, a mapping, or None (the defaults)."""
+    if value is None:
+        return TrackingConfig()
+    if isinstance(value, TrackingConfig):
+        return value
+    try:
+        from omegaconf import OmegaConf
+
+        if OmegaConf.is_config(value):
+            value = OmegaConf.to_container(value, resolve=True)
+    except ImportError:
+        pass
+    return TrackingConfig(**dict(value))

@@ -1,0 +1,131 @@
+"""Live progress of partition searches: profiled / budget, hypervolume and GPU time per partition.
+
+A rich display on an interactive terminal; one plain line per finished search when output goes to a
+log (not a TTY); nothing at all with ``progress=false``. Each is an event listener and a context
+manager (``with make_progress(cfg.progress) as p: bus.subscribe(p)``).
+"""
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Callable
+
+from kareus.events import BatchFinished, CandidateMeasured, SearchFinished, SearchStarted
+
+log = logging.getLogger("kareus.progress")
+
+
+def format_seconds(seconds: float) -> str:
+    """``42.0 s``, ``3.5 min``, ``2.10 h``: GPU time at a glance."""
+    if not math.isfinite(seconds):
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"
+
+
+def format_hv(value: float | None) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{value:.4g}"
+
+
+class _State:
+    """What is known about one partition search."""
+
+    def __init__(self, budget: int = 0) -> None:
+        self.budget = budget
+        self.profiled = 0
+        self.hv: float | None = None
+        self.gpu_seconds = 0.0
+        self.done = False
+
+
+class NullProgress:
+    """``progress=false``: ignores every event."""
+
+    def __call__(self, event: Any) -> None:
+        pass
+
+    def __enter__(self) -> "NullProgress":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+
+class PlainProgress(NullProgress):
+    """Non-interactive output: one line per finished partition search, nothing per candidate."""
+
+    def __init__(self, write: Callable[[str], None] | None = None, simulated: bool = True) -> None:
+        self.write = write or log.info
+        self.gpu_label = "simulated GPU time" if simulated else "GPU time"
+        self.states: dict[str, _State] = {}
+
+    def __call__(self, event: Any) -> None:
+        key = getattr(event, "partition", None)
+        if key is None:
+            return
+        state = self.states.setdefault(key, _State())
+        if isinstance(event, SearchStarted):
+            state.budget = event.budget
+        elif isinstance(event, CandidateMeasured):
+            state.profiled = max(state.profiled, event.index + 1)
+            state.gpu_seconds = event.gpu_seconds
+        elif isinstance(event, BatchFinished):
+            state.hv = event.hypervolume
+        elif isinstance(event, SearchFinished):
+            state.profiled, state.hv, state.gpu_seconds, state.done = (event.profiled, event.hypervolume,
+                                                                      event.gpu_seconds, True)
+            self.write(f"partition {key}: profiled {event.profiled}/{state.budget or event.profiled}, "
+                       f"{event.failed} failed, frontier {len(event.frontier)} points, "
+                       f"hypervolume {format_hv(event.hypervolume)}, "
+                       f"{self.gpu_label} {format_seconds(event.gpu_seconds)}")
+
+
+class ProgressListener(PlainProgress):
+    """A rich progress bar per partition: profiled / budget, current hypervolume, GPU time."""
+
+    def __init__(self, console: Any = None, simulated: bool = True, transient: bool = False) -> None:
+        super().__init__(write=lambda line: None, simulated=simulated)
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        gpu = "sim GPU" if simulated else "GPU"
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(),
+            TextColumn("HV [cyan]{task.fields[hv]}"), TextColumn(gpu + " [magenta]{task.fields[gpu]}"),
+            TimeElapsedColumn(), TextColumn("[green]{task.fields[status]}"), console=console, transient=transient)
+        self.tasks: dict[str, Any] = {}
+
+    def __enter__(self) -> "ProgressListener":
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.progress.stop()
+
+    def __call__(self, event: Any) -> None:
+        super().__call__(event)
+        key = getattr(event, "partition", None)
+        if key is None:
+            return
+        state = self.states[key]
+        if key not in self.tasks:
+            self.tasks[key] = self.progress.add_task(key, total=state.budget or None, hv="-", gpu="-", status="")
+        self.progress.update(self.tasks[key], total=state.budget or None, completed=state.profiled,
+                             hv=format_hv(state.hv), gpu=format_seconds(state.gpu_seconds),
+                             status="done" if state.done else "")
+
+
+def make_progress(enabled: bool = True, console: Any = None, simulated: bool = True,
+                  interactive: bool | None = None) -> NullProgress:
+    """Rich on a terminal, plain lines in logs, silent when disabled (``interactive`` forces a mode)."""
+    if not enabled:
+        return NullProgress()
+    if interactive is None:
+        from rich.console import Console
+
+        interactive = (console or Console()).is_terminal
+    if interactive:
+        return ProgressListener(console=console, simulated=simulated)
+    return PlainProgress(simulated=simulated)

@@ -1,0 +1,204 @@
+"""Connecting to an MLflow store: telemetry off, paths made absolute, one-time creation under a lock.
+
+SQLite is not safe to initialise from several processes at once, and concurrent writers can meet
+"database is locked"; everything that touches the store goes through :func:`connect` (creation
+serialised by a file lock) and :func:`retry` (bounded back-off on lock errors).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, TypeVar
+from urllib.parse import urlparse
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# A multirun's parent (sweep) run id, inherited by the jobs of the sweep.
+ENV_PARENT_RUN = "KAREUS_MLFLOW_PARENT_RUN_ID"
+PARENT_RUN_FILE = "mlflow_parent_run_id"  # written into the sweep directory as well
+
+_REMOTE_SCHEMES = {"http", "https", "databricks", "databricks-uc"}
+_LOCK_ERRORS = ("database is locked", "database table is locked", "sqlite_busy", "database schema has changed")
+
+_clients: dict[str, Any] = {}
+_experiments: dict[tuple[str, str], str] = {}
+
+
+def _after_fork_in_child() -> None:
+    """A forked worker must not reuse the parent's pooled SQLite connections (MLflow caches engines)."""
+    _clients.clear()
+    module = sys.modules.get("mlflow.store.tracking.sqlalchemy_store")
+    for engine in list(getattr(getattr(module, "SqlAlchemyStore", None), "_engine_map", {}).values()):
+        try:
+            engine.dispose(close=False)  # fresh pool here; the parent's connections stay the parent's
+        except Exception:  # an engine of another kind; nothing to hand over
+            pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def disable_telemetry(telemetry: bool = False) -> None:
+    """MLflow 3 sends usage telemetry unless told not to; must run before mlflow is imported."""
+    if not telemetry:
+        os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
+
+
+def import_mlflow(telemetry: bool = False):
+    """Import mlflow lazily (it takes seconds), with telemetry settled first."""
+    disable_telemetry(telemetry)
+    import mlflow
+
+    for name in ("mlflow.store.db.utils", "alembic.runtime.migration", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)  # table creation chatter
+    return mlflow
+
+
+def is_remote(uri: str) -> bool:
+    return urlparse(uri).scheme in _REMOTE_SCHEMES
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI (relative or absolute), else None."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = uri[len("sqlite:///"):].split("?", 1)[0]
+    return None if path in ("", ":memory:") else Path(path)
+
+
+def resolve_uri(uri: str, base_dir: str | os.PathLike | None = None) -> str:
+    """Make a local store URI absolute against ``base_dir`` and create its folder.
+
+    Worker processes and Hydra jobs may run elsewhere; an absolute URI means the same store for all.
+    """
+    base = Path(base_dir or os.getcwd())
+    path = sqlite_path(uri)
+    if path is not None:
+        query = uri.split("?", 1)[1] if "?" in uri else ""
+        path = path if path.is_absolute() else (base / path)
+        path = path.resolve()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return "sqlite:///" + str(path) + (f"?{query}" if query else "")
+    parsed = urlparse(uri)
+    if parsed.scheme == "" and uri:  # a bare folder: MLflow's file store
+        path = Path(uri) if Path(uri).is_absolute() else base / uri
+        path.mkdir(parents=True, exist_ok=True)
+        return str(path.resolve())
+    return uri
+
+
+def resolve_artifact_location(location: str | None, uri: str, base_dir: str | os.PathLike | None = None) -> str | None:
+    """Artifact root for a new experiment: a URI as given, a local path made absolute, None for servers."""
+    if not location:
+        return None
+    if urlparse(location).scheme not in ("", "file"):
+        return location  # s3://, gs://, mlflow-artifacts:/ ...
+    if is_remote(uri):
+        return None  # a tracking server serves artifacts from its own root
+    path = Path(location[len("file://"):] if location.startswith("file://") else location)
+    path = (path if path.is_absolute() else Path(base_dir or os.getcwd()) / path).resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    return path.as_uri()
+
+
+def is_lock_error(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return any(s in text for s in _LOCK_ERRORS)
+
+
+def retry(fn: Callable[..., T], *args: Any, attempts: int = 10, delay_s: float = 0.05, **kwargs: Any) -> T:
+    """Call ``fn``, retrying with jittered back-off while SQLite reports a lock (other writers)."""
+    for attempt in range(attempts):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:  # MlflowException wraps the sqlalchemy OperationalError
+            if attempt == attempts - 1 or not is_lock_error(exc):
+                raise
+            time.sleep(delay_s * (2 ** attempt) * (0.5 + random.random()))
+    raise AssertionError("unreachable")
+
+
+@contextlib.contextmanager
+def store_lock(uri: str) -> Iterator[None]:
+    """Exclusive file lock beside a SQLite store (no-op for other stores or without fcntl)."""
+    path = sqlite_path(uri)
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        fcntl = None
+    if path is None or fcntl is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(str(path) + ".lock", "a") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def client_for(uri: str, telemetry: bool = False):
+    """One MlflowClient per URI per process; its store (and SQLite schema) is created under the lock."""
+    client = _clients.get(uri)
+    if client is None:
+        import_mlflow(telemetry)
+        from mlflow.tracking import MlflowClient
+
+        with store_lock(uri):  # the constructor may already open (and create) the store
+            client = MlflowClient(tracking_uri=uri)
+            retry(client.search_experiments, max_results=1)  # forces creation/migration of the store
+        _clients[uri] = client
+    return client
+
+
+def experiment_id(uri: str, name: str, artifact_location: str | None = None, telemetry: bool = False) -> str:
+    """Id of experiment ``name``, created (or restored, if deleted) once, safely across processes."""
+    key = (uri, name)
+    if key in _experiments:
+        return _experiments[key]
+    client = client_for(uri, telemetry)
+    with store_lock(uri):
+        exp = retry(client.get_experiment_by_name, name)
+        if exp is None:
+            try:
+                exp_id = retry(client.create_experiment, name, artifact_location=artifact_location)
+            except Exception as exc:
+                if "already exists" not in str(exc).lower() and "resource_already_exists" not in str(exc).lower():
+                    raise
+                exp_id = retry(client.get_experiment_by_name, name).experiment_id
+        else:
+            exp_id = exp.experiment_id
+            if exp.lifecycle_stage == "deleted":
+                retry(client.restore_experiment, exp_id)
+    _experiments[key] = exp_id
+    return exp_id
+
+
+def connect(uri: str, experiment: str, artifact_location: str | None = None,
+            base_dir: str | os.PathLike | None = None, telemetry: bool = False) -> tuple[Any, str, str]:
+    """Resolve paths, open the store, ensure the experiment: ``(client, experiment_id, absolute_uri)``."""
+    abs_uri = resolve_uri(uri, base_dir)
+    art = resolve_artifact_location(artifact_location, abs_uri, base_dir)
+    exp_id = experiment_id(abs_uri, experiment, art, telemetry)
+    return client_for(abs_uri, telemetry), exp_id, abs_uri
+
+
+def base_dir() -> str:
+    """The directory the user started in (Hydra's original cwd if a Hydra job changed it)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        if HydraConfig.initialized():
+            return HydraConfig.get().runtime.cwd
+    except Exception:  # hydra absent or not configured
+        pass
+    return os.getcwd()

@@ -1,0 +1,65 @@
+"""Progress display: rich bars on a terminal, one line per partition in logs, silence when off."""
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from kareus.tracking.progress import (NullProgress, PlainProgress, ProgressListener, format_seconds,
+                                      make_progress)
+from tracking_fakes import search_events
+
+
+def test_modes_follow_setting_and_terminal():
+    tty = Console(file=io.StringIO(), force_terminal=True)
+    pipe = Console(file=io.StringIO(), force_terminal=False)
+    assert isinstance(make_progress(False, console=tty), NullProgress)
+    assert not isinstance(make_progress(False, console=tty), PlainProgress)
+    assert isinstance(make_progress(True, console=tty), ProgressListener)
+    plain = make_progress(True, console=pipe)
+    assert isinstance(plain, PlainProgress) and not isinstance(plain, ProgressListener)
+
+
+def test_rich_progress_tracks_each_partition():
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=140)
+    with make_progress(True, console=console) as progress:
+        events = search_events("fwd_attn", n=8, batch=4, budget=10)
+        for event in events[:6] + search_events("bwd_mlp", n=4, batch=4)[:-1]:  # interleaved partitions
+            progress(event)
+        task = progress.progress.tasks[progress.tasks["fwd_attn"]]
+        assert (task.completed, task.total) == (4, 10)
+        assert task.fields["hv"] != "-" and task.fields["gpu"] == "1.0 s"
+        for event in events[6:]:
+            progress(event)
+        task = progress.progress.tasks[progress.tasks["fwd_attn"]]
+        assert task.completed == 8 and task.fields["hv"] == f"{events[-1].hypervolume:.4g}"
+        assert task.fields["status"] == "done" and progress.progress.tasks[progress.tasks["bwd_mlp"]].fields["status"] == ""
+        assert progress.progress.tasks[progress.tasks["bwd_mlp"]].completed == 4
+    text = out.getvalue()
+    assert "fwd_attn" in text and "sim GPU" in text
+
+
+def test_plain_progress_writes_one_line_per_finished_search():
+    lines: list[str] = []
+    progress = PlainProgress(write=lines.append)
+    for event in search_events("fwd_attn", n=8, batch=4, budget=10):
+        progress(event)
+    assert len(lines) == 1
+    assert lines[0].startswith("partition fwd_attn: profiled 8/10, 1 failed")
+    assert "simulated GPU time 2.0 s" in lines[0]
+    assert "GPU time 2.0 s" in PlainProgress(write=lines.append, simulated=False).gpu_label + " 2.0 s"
+
+
+def test_null_progress_prints_nothing(capsys):
+    with make_progress(False) as progress:
+        for event in search_events("fwd_attn", n=4, batch=4):
+            progress(event)
+    assert capsys.readouterr() == ("", "")
+
+
+def test_format_seconds():
+    assert format_seconds(42.0) == "42.0 s"
+    assert format_seconds(210.0) == "3.5 min"
+    assert format_seconds(7560.0) == "2.10 h"
+    assert format_seconds(float("nan")) == "-"

@@ -1,0 +1,279 @@
+"""Tracking into a real MLflow store in a temporary folder, read back through MlflowClient."""
+from __future__ import annotations
+
+import csv
+import os
+import io
+import json
+import multiprocessing as mp
+import pickle
+import sqlite3
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kareus.frontier import Frontier
+from kareus.tracking import PartitionListenerFactory, Tracker, TrackingConfig, summary_metrics
+from kareus.tracking.records import config_params, override_tags
+from kareus.tracking.store import connect, resolve_uri
+from tracking_fakes import empty_store, search_events
+
+RESOLVED = {"model": {"name": "qwen1.7b", "num_layers": 28},
+            "search": {"name": "mbo", "budget": 40, "passes": ["total", "dynamic"], "space": {"sms": None}},
+            "notes": "x" * 7000}
+CHOICES = {"model": "qwen1.7b", "parallel": "pp2_tp8", "search": "mbo", "hydra/launcher": "basic"}
+OVERRIDES = ["+model=qwen1.7b", "search.passes=[total,dynamic]"]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """One store for the module; the default relative URI resolved against a temp 'working dir'."""
+    base = tmp_path_factory.mktemp("work")
+    empty_store(base / "runs")  # the relative default URI finds this one
+    return base
+
+
+@pytest.fixture(scope="module")
+def client(store):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=resolve_uri("sqlite:///runs/mlflow.db", store))
+
+
+def _text(client, run_id: str, path: str) -> str:
+    return Path(client.download_artifacts(run_id, path)).read_text()
+
+
+def _artifacts(client, run_id: str, path: str | None = None) -> set[str]:
+    out = set()
+    for info in client.list_artifacts(run_id, path):
+        out |= _artifacts(client, run_id, info.path) if info.is_dir else {info.path}
+    return out
+
+
+def test_invocation_run_records_config_choices_overrides_and_closes(store, client):
+    tracker = Tracker(TrackingConfig(), base=store)
+    with tracker:
+        run_id = tracker.start(RESOLVED, CHOICES, OVERRIDES, hardware="sim:a100")
+    assert (store / "runs" / "mlflow.db").is_file()  # relative default lands under the start dir
+    run = client.get_run(run_id)
+    tags = run.data.tags
+    assert tags["choice.model"] == "qwen1.7b" and tags["choice.parallel"] == "pp2_tp8"
+    assert "choice.hydra/launcher" not in tags
+    assert tags["override.model"] == "qwen1.7b" and tags["override.search.passes"] == "[total,dynamic]"
+    assert tags["overrides"] == " ".join(OVERRIDES)
+    assert tags["hardware"] == "sim:a100" and tags["kareus.kind"] == "invocation"
+    assert run.info.run_name == "qwen1.7b pp2_tp8 mbo search.passes=[total,dynamic]"
+    params = run.data.params
+    assert params["model.num_layers"] == "28" and params["search.passes"] == '["total","dynamic"]'
+    assert params["search.space.sms"] == "null"
+    assert len(params["notes"]) == 6000  # truncated to MLflow's limit, not rejected
+    assert run.info.status == "FINISHED"
+    assert run.info.artifact_uri.startswith((store / "runs" / "mlartifacts").as_uri())
+    assert yaml.safe_load(_text(client, run_id, "config.yaml")) == RESOLVED
+
+
+def test_partition_listener_logs_candidates_batches_frontier_and_plots(store, client):
+    tracker = Tracker(TrackingConfig(), base=store)
+    tracker.start(RESOLVED, CHOICES, [], hardware="sim:a100", simulated=True)
+    factory = tracker.partition_listener_factory("fwd_attn", ("sequential", "norm_0", "attn_0"))
+    assert factory.note == "hardware: sim:a100 (simulated)"
+    listener = pickle.loads(pickle.dumps(factory))()  # as a worker process would get it
+    events = search_events("fwd_attn", n=12, batch=4, failed_at=5)
+    for event in events + search_events("bwd_mlp", n=4, batch=4):  # other partitions are ignored
+        listener(event)
+    tracker.end()
+    assert listener.errors == 0 and listener.finished
+    child = client.get_run(listener.run_id)
+    assert child.data.tags["mlflow.parentRunId"] == tracker_run_parent(client, listener.run_id)
+    assert child.data.tags["partition"] == "fwd_attn" and child.info.status == "FINISHED"
+    assert client.get_run(child.data.tags["mlflow.parentRunId"]).data.tags["simulated"] == "true"
+    assert child.data.params["budget"] == "12" and child.data.params["slot_labels"] == "sequential,norm_0,attn_0"
+
+    times = client.get_metric_history(listener.run_id, "time_s")
+    assert sorted(m.step for m in times) == [i for i in range(12) if i != 5]  # failed one has no time
+    measured = {e.index: e.measurement for e in events if type(e).__name__ == "CandidateMeasured"}
+    assert all(m.value == pytest.approx(measured[m.step].time_s) for m in times)
+    clocks = {m.step: m.value for m in client.get_metric_history(listener.run_id, "knob.freq_mhz")}
+    assert clocks == {i: measured[i].candidate.freq_mhz for i in range(12)}
+    slot_idx = {m.step: m.value for m in client.get_metric_history(listener.run_id, "knob.slot_index")}
+    assert slot_idx[1] == 1 and slot_idx[2] == 2  # norm_0, attn_0 in the given label order
+    predicted = client.get_metric_history(listener.run_id, "predicted_time_s")
+    assert sorted(m.step for m in predicted) == [i for i in range(4, 12) if i != 5]  # no numbers for failed
+    hv = client.get_metric_history(listener.run_id, "hypervolume")
+    assert sorted(m.step for m in hv) == [4, 8, 12]
+    assert [m.value for m in sorted(hv, key=lambda m: m.step)] == sorted(m.value for m in hv)  # never falls
+
+    files = _artifacts(client, listener.run_id)
+    assert {"candidates.csv", "candidates.json", "frontier.csv", "frontier.json", "plots/frontier.png",
+            "plots/hypervolume.png"} <= files
+    rows = list(csv.DictReader(io.StringIO(_text(client, listener.run_id, "candidates.csv"))))
+    assert len(rows) == 12 and rows[5]["failed"] == "True"
+    assert {r["pass"] for r in rows} == {"initial", "total", "dynamic"}
+    frontier = events[-1].frontier
+    assert sum(r["on_frontier"] == "True" for r in rows) == len(frontier)
+    frows = list(csv.DictReader(io.StringIO(_text(client, listener.run_id, "frontier.csv"))))
+    assert [float(r["time_s"]) for r in frows] == pytest.approx(list(frontier.times))
+    assert {"slot", "sms", "freq_mhz"} <= frows[0].keys()
+    table = json.loads(_text(client, listener.run_id, "frontier.json"))
+    assert len(table["data"]) == len(frontier)
+    png = Path(client.download_artifacts(listener.run_id, "plots/frontier.png")).read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def tracker_run_parent(client, child_id: str) -> str:
+    """The parent run must exist and be an invocation run."""
+    parent = client.get_run(client.get_run(child_id).data.tags["mlflow.parentRunId"])
+    assert parent.data.tags["kareus.kind"] == "invocation"
+    return parent.info.run_id
+
+
+def test_frontiers_plan_and_summary(store, client, tmp_path):
+    tracker = Tracker(TrackingConfig(), base=store)
+    tracker.start(RESOLVED, CHOICES, OVERRIDES, hardware="sim:a100")
+    it = Frontier.from_arrays([1.0, 1.1, 1.3], [1000.0, 900.0, 850.0], payloads=[{"plan": i} for i in range(3)])
+    tracker.log_microbatch_frontiers({"stage0.fwd": it, "stage0.bwd": it}, references={"stage0.fwd": (1.02, 1050.0)})
+    tracker.log_iteration_frontier(it, reference=(1.02, 1050.0), selected=(1.1, 900.0))
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("stages: []\n")
+    tracker.log_plan(plan)
+    tracker.log_summary(summary_metrics(1.1, 900.0, 1.02, 1050.0, profiled=40, profiling_gpu_seconds=7200.0),
+                        tags={"selection": "min_energy"})
+    run_id = tracker.run_id
+    tracker.end()
+    run = client.get_run(run_id)
+    m = run.data.metrics
+    assert m["savings.energy_pct"] == pytest.approx(100 * (1 - 900 / 1050))
+    assert m["profiling_gpu_hours_simulated"] == pytest.approx(2.0) and m["profiled_candidates"] == 40
+    assert m["iteration.frontier_points"] == 3 and m["iteration.hypervolume"] > 0
+    assert run.data.tags["selection"] == "min_energy"
+    files = _artifacts(client, run_id)
+    assert {"plan/plan.yaml", "plots/iteration_frontier.png", "plots/microbatch_frontiers.png",
+            "frontiers/iteration.csv", "frontiers/iteration.json", "frontiers/microbatch/stage0.fwd.csv",
+            "frontiers/microbatch/stage0.bwd.csv"} <= files
+    rows = list(csv.DictReader(io.StringIO(_text(client, run_id, "frontiers/iteration.csv"))))
+    assert [r["plan"] for r in rows] == ["0", "1", "2"]
+
+
+def test_end_closes_partition_runs_left_open(store, client):
+    tracker = Tracker(TrackingConfig(run_name="mine"), base=store)
+    tracker.start(RESOLVED, CHOICES, [], run_name="derived")  # the user's tracking.run_name wins
+    assert client.get_run(tracker.run_id).info.run_name == "mine"
+    listener = tracker.partition_listener_factory("fwd_mlp")()
+    for event in search_events("fwd_mlp", n=6, batch=4)[:4]:  # the search dies before SearchFinished
+        listener(event)
+    tracker.end("FAILED")
+    assert client.get_run(listener.run_id).info.status == "FAILED"
+
+
+def test_disabled_tracker_does_nothing(tmp_path):
+    tracker = Tracker({"enabled": False}, base=tmp_path)
+    assert tracker.start(RESOLVED, CHOICES, OVERRIDES) is None
+    factory = tracker.partition_listener_factory("fwd_attn")
+    listener = pickle.loads(pickle.dumps(factory))()
+    for event in search_events("fwd_attn", n=4, batch=4):
+        listener(event)
+    tracker.log_summary({"x": 1.0})
+    tracker.end()
+    assert not (tmp_path / "runs").exists()
+
+
+def test_params_and_tags_respect_mlflow_limits():
+    params = config_params({"a" * 300: 1, "b": {"c@d": [1, 2]}})
+    assert all(len(k) <= 250 for k in params) and params["b.c_d"] == "[1,2]"
+    tags = override_tags(["~x.y", "++z@pkg=3", "hydra.job.chdir=true"])
+    assert tags["override.z_pkg"] == "3" and "override.x.y" not in tags
+
+
+# ---- several processes writing to one fresh SQLite store at once ----------------------------
+
+def _worker(uri: str, partition: str, n: int) -> str:
+    client, exp_id, abs_uri = connect(uri, "concurrent")
+    listener = PartitionListenerFactory(partition, abs_uri, exp_id, plots=False, flush_interval_s=0.0)()
+    for event in search_events(partition, n=n, batch=5, failed_at=None):
+        listener(event)
+    assert listener.errors == 0, listener.errors
+    return listener.run_id
+
+
+def _pool_id(uri: str) -> int:
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    return id(SqlAlchemyStore._engine_map[uri].pool)
+
+
+def test_forked_worker_gets_its_own_connection_pool(tmp_path):
+    from kareus.tracking import store as store_mod
+
+    uri = empty_store(tmp_path)
+    store_mod.client_for(uri)
+    if "fork" not in mp.get_all_start_methods():
+        pytest.skip("no fork on this platform")
+    with mp.get_context("fork").Pool(1) as pool:
+        child = pool.apply(_pool_id, (uri,))
+    assert child != _pool_id(uri)
+
+
+def test_concurrent_writers_share_one_sqlite_store(tmp_path):
+    from mlflow.tracking import MlflowClient  # imported once here, inherited by the forked workers
+
+    uri = f"sqlite:///{tmp_path}/fresh/mlflow.db"  # not yet created: initialisation races too
+    parts = [f"p{i}" for i in range(3)]
+    # fork: the children skip re-importing mlflow; each still opens its own store connection
+    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    with ctx.Pool(3) as pool:
+        run_ids = pool.starmap(_worker, [(uri, p, 12) for p in parts])
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("concurrent")
+    runs = client.search_runs([exp.experiment_id])
+    assert sorted(r.info.run_id for r in runs) == sorted(run_ids)
+    for run_id in run_ids:
+        assert [m.step for m in sorted(client.get_metric_history(run_id, "energy_j"), key=lambda m: m.step)] \
+            == list(range(12))
+        assert client.get_run(run_id).info.status == "FINISHED"
+    # now the parent holds pooled connections to the store; forked workers must not reuse them
+    with ctx.Pool(2) as pool:
+        more = pool.starmap(_worker, [(uri, p, 6) for p in ("q0", "q1")])
+    assert len(client.search_runs([exp.experiment_id])) == 5
+    for run_id in more:
+        assert len(client.get_metric_history(run_id, "time_s")) == 6
+    with sqlite3.connect(tmp_path / "fresh" / "mlflow.db") as db:
+        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_uris_resolve_against_the_start_directory(tmp_path, monkeypatch):
+    from kareus.tracking.store import import_mlflow, resolve_artifact_location
+
+    assert resolve_uri("sqlite:///runs/m.db", tmp_path) == f"sqlite:///{tmp_path}/runs/m.db"
+    assert (tmp_path / "runs").is_dir()
+    assert resolve_uri("sqlite:////abs/x.db?timeout=5", tmp_path).endswith("/abs/x.db?timeout=5")
+    assert resolve_uri("http://host:5000", tmp_path) == "http://host:5000"
+    assert resolve_artifact_location("runs/art", "sqlite:///x.db", tmp_path) == (tmp_path / "runs" / "art").as_uri()
+    assert resolve_artifact_location("runs/art", "http://host:5000", tmp_path) is None  # the server decides
+    assert resolve_artifact_location("s3://bucket/k", "http://host:5000", tmp_path) == "s3://bucket/k"
+    monkeypatch.delenv("MLFLOW_DISABLE_TELEMETRY", raising=False)
+    import_mlflow(telemetry=True)
+    assert "MLFLOW_DISABLE_TELEMETRY" not in os.environ
+    import_mlflow()
+    assert os.environ["MLFLOW_DISABLE_TELEMETRY"] == "true"
+
+
+def test_frontier_rows_spell_out_payload_knobs():
+    from dataclasses import dataclass
+
+    from kareus.tracking.records import frontier_rows
+    from kareus.types import Candidate
+
+    @dataclass(frozen=True)
+    class Option:
+        time_s: float
+        energy_j: float
+        choices: dict
+
+    c = Candidate("fwd_attn", "attn_0", 8, 1290)
+    rows = frontier_rows(Frontier.from_arrays([1.0], [2.0], [Option(1.0, 3.0, {"fwd_attn": c})], objective="dynamic"))
+    assert rows == [{"rank": 0, "time_s": 1.0, "energy_j": 2.0, "objective": "dynamic", "payload_energy_j": 3.0,
+                     "choices.fwd_attn.partition": "fwd_attn", "choices.fwd_attn.slot": "attn_0",
+                     "choices.fwd_attn.sms": 8, "choices.fwd_attn.freq_mhz": 1290}]

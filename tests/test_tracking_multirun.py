@@ -1,0 +1,82 @@
+"""A real Hydra multirun: one parent sweep run, one nested child run per job, store in the start dir."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from tracking_fakes import empty_store
+
+ROOT = Path(__file__).resolve().parents[1]
+
+APP = textwrap.dedent("""
+    import os
+    import hydra
+    from omegaconf import OmegaConf
+
+    import kareus.tracking  # registers the tracking schema
+    from kareus.config.store import store_all
+    from kareus.tracking import Tracker, hydra_context
+
+    store_all()
+
+    @hydra.main(version_base="1.3", config_path="conf", config_name="config")
+    def main(cfg):
+        with Tracker(cfg.tracking) as tracker:
+            tracker.start(OmegaConf.to_container(cfg, resolve=True), **hydra_context(), hardware="sim")
+            listener = tracker.partition_listener_factory("fwd_attn")()
+            from tracking_fakes import search_events
+            for event in search_events("fwd_attn", n=4, batch=4, failed_at=None):
+                listener(event)
+
+    main()
+""")
+
+CONFIG = textwrap.dedent("""
+    defaults:
+      - tracking: default
+      - _self_
+    passes: [total]
+    hydra:
+      callbacks:
+        mlflow_sweep:
+          _target_: kareus.tracking.callback.MlflowSweepCallback
+""")
+
+
+def test_multirun_nests_one_child_run_per_job_under_a_sweep_run(tmp_path):
+    (tmp_path / "conf" / "tracking").mkdir(parents=True)
+    (tmp_path / "conf" / "config.yaml").write_text(CONFIG)
+    shutil.copy(ROOT / "kareus" / "conf" / "tracking" / "default.yaml", tmp_path / "conf" / "tracking" / "default.yaml")
+    (tmp_path / "app.py").write_text(APP)
+    uri = empty_store(tmp_path / "runs")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    env.pop("KAREUS_MLFLOW_PARENT_RUN_ID", None)
+    proc = subprocess.run([sys.executable, "app.py", "-m", "passes=[total,dynamic],[total,dynamic,static]",
+                           "tracking.plots=false"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not list((tmp_path / "multirun").rglob("mlflow.db")), "store must stay in the start directory"
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("kareus")
+    runs = client.search_runs([exp.experiment_id])
+    by_kind: dict[str, list] = {}
+    for run in runs:
+        by_kind.setdefault(run.data.tags["kareus.kind"], []).append(run)
+    assert len(by_kind["sweep"]) == 1 and len(by_kind["invocation"]) == 2 and len(by_kind["partition"]) == 2
+    sweep = by_kind["sweep"][0]
+    assert sweep.info.status == "FINISHED" and sweep.data.metrics["jobs"] == 2
+    assert "passes=[total,dynamic],[total,dynamic,static]" in sweep.data.tags["overrides"]
+    jobs = by_kind["invocation"]
+    assert {r.data.tags["mlflow.parentRunId"] for r in jobs} == {sweep.info.run_id}
+    assert sorted(r.data.tags["override.passes"] for r in jobs) == ["[total,dynamic,static]", "[total,dynamic]"]
+    assert sorted(r.data.params["passes"] for r in jobs) == ['["total","dynamic","static"]', '["total","dynamic"]']
+    assert {r.data.tags["mlflow.parentRunId"] for r in by_kind["partition"]} == {r.info.run_id for r in jobs}
+    sweep_files = list((tmp_path / "multirun").rglob("mlflow_parent_run_id"))
+    assert [p.read_text().strip() for p in sweep_files] == [sweep.info.run_id]
