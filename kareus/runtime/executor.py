@@ -1,0 +1,122 @@
+"""Runs an ExecutionPlan on one pipeline stage: the clock per instruction, slot and SMs per partition.
+
+The training loop (or the megatron-core hook in ``kareus.runtime.megatron``) calls
+``begin(microbatch, direction)`` before each pipeline instruction; the executor locks that
+instruction's clock through the frequency controller (skipping a switch to the clock already
+locked: switches cost milliseconds) and makes the instruction's partition settings current. The
+code that runs a layer asks ``setting(key)`` (or ``slot``/``sms``) for each partition, or hands the
+partition to ``run_partition`` on a backend that executes partitions. Leaving the executor (``with``)
+resets the clocks, also after an exception.
+
+The controller is any object with ``set(mhz)`` and ``reset()``: a ``FREQUENCY_CONTROLLERS`` entry
+(``nvml``, ``zeus``) on real GPUs, a fake in tests.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from kareus.plan.model import ExecutionPlan, InstructionPlan, PartitionSetting
+from kareus.types import Direction, PartitionType
+
+
+class ClockController(Protocol):
+    def set(self, mhz: int) -> None: ...
+    def reset(self) -> None: ...
+
+
+class PlanCoverageError(KeyError):
+    """The plan has no entry for an instruction or partition the training loop runs."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+@dataclass(frozen=True)
+class Switch:
+    """One clock change the executor made (for logs and tests)."""
+
+    microbatch: int
+    direction: str
+    mhz: int
+
+
+class PlanExecutor:
+    """Applies one stage's part of an execution plan, instruction by instruction."""
+
+    def __init__(self, plan: ExecutionPlan, controller: ClockController, stage: int,
+                 backend: Any = None) -> None:
+        if not 0 <= stage < plan.num_stages:
+            raise ValueError(f"stage {stage} is outside the plan's {plan.num_stages} stages")
+        self.plan = plan
+        self.controller = controller
+        self.stage = stage
+        self.backend = backend
+        self.current: InstructionPlan | None = None
+        self._settings: dict[str, PartitionSetting] = {}
+        self._locked: int | None = None
+        self.switches: list[Switch] = []
+        self.instructions = 0
+
+    @classmethod
+    def from_file(cls, path: str, controller: ClockController, stage: int, backend: Any = None) -> "PlanExecutor":
+        """An executor for a plan saved by ``python -m kareus`` (validated YAML/JSON, never eval or pickle)."""
+        from kareus.plan.io import load_plan
+
+        return cls(load_plan(path), controller, stage, backend)
+
+    # -- instruction boundaries ----------------------------------------------------------------------
+    def begin(self, microbatch: int, direction: Direction | str) -> InstructionPlan:
+        """Lock the clock of (this stage, microbatch, direction) and make its partition settings current."""
+        d = Direction(direction).value
+        try:
+            ins = self.plan.instruction(self.stage, microbatch, d)
+        except (KeyError, IndexError):
+            raise PlanCoverageError(f"plan {self.plan.index} has no {d} instruction for microbatch {microbatch} "
+                                    f"on stage {self.stage} (it covers {self.plan.num_microbatches} "
+                                    "microbatches)") from None
+        if ins.freq_mhz != self._locked:
+            self.controller.set(int(ins.freq_mhz))
+            self._locked = int(ins.freq_mhz)
+            self.switches.append(Switch(microbatch, d, int(ins.freq_mhz)))
+        self.current = ins
+        self._settings = {p.partition: p for p in ins.partitions}
+        self.instructions += 1
+        return ins
+
+    def reset(self) -> None:
+        """Give the clocks back (unlocked); the next ``begin`` locks again."""
+        self._locked = None
+        self.current = None
+        self._settings = {}
+        self.controller.reset()
+
+    def __enter__(self) -> "PlanExecutor":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.reset()
+
+    # -- what the layer code asks --------------------------------------------------------------------
+    def setting(self, partition: str) -> PartitionSetting:
+        if self.current is None:
+            raise RuntimeError("no instruction is running: call begin(microbatch, direction) first")
+        try:
+            return self._settings[partition]
+        except KeyError:
+            known = ", ".join(sorted(self._settings)) or "(none)"
+            raise PlanCoverageError(f"the plan's {self.current.direction} instruction on stage {self.stage} has "
+                                    f"no setting for partition {partition!r}; it has: {known}") from None
+
+    def slot(self, partition: str) -> str:
+        return self.setting(partition).slot
+
+    def sms(self, partition: str) -> int:
+        return int(self.setting(partition).sms)
+
+    def run_partition(self, partition: PartitionType) -> None:
+        """Execute one occurrence of the partition on the backend with the current instruction's knobs."""
+        if self.backend is None:
+            raise RuntimeError("this executor has no backend to run partitions on")
+        s = self.setting(partition.key)
+        self.backend.run_partition(partition, s.slot, int(s.sms))

@@ -1,0 +1,253 @@
+#!/usr/bin/env python
+"""Check Kareus' real-GPU runtime on one GPU in about a minute; never changes clocks or power limits.
+
+Checks, each reported with its numbers:
+- nvml: NVML reads the GPU's name, SM clock, temperature, power, power limit and energy counter;
+- partitions: the ``cuda`` backend measures real partitions of Llama-3.2-3B (TP 2 shapes, the comm
+  kernel replaced by a copy of its message bytes) at several launch slots: time > 0, energy > 0,
+  mean power between 0.8x the idle power read first and 1.1x the enforced power limit;
+- overlap: a compute-bound GEMM chain beside a memory-bound copy on 32 persistent blocks (the
+  stand-in for a comm kernel on one GPU) runs faster with the copy on a side stream than sequentially;
+- nccl: a one-rank NCCL group per comm SM count (CTA options) and a partition with a real NCCL
+  all-reduce on the side stream (a one-rank all-reduce: plumbing, not bandwidth);
+- zeus: a ZeusMonitor window reads energy > 0 for the same partition (skipped without zeus);
+- clocks_untouched: the GPU's application/locked clock state is the same before and after.
+
+Prints one JSON summary to stdout and writes it to ``$OUT/device_check.json`` when ``$OUT`` is set.
+Exit status 0 when every check that ran passed. Needs torch (CUDA build), nvidia-ml-py and numpy;
+Triton (shipped with CUDA torch) for the comm-like copy; zeus optional. Run from the repo root:
+``PYTHONUNBUFFERED=1 python3 scripts/device_check.py`` (about a minute on an H100/H200). ``--cpu`` runs the same code paths on the CPU with
+tiny shapes (energy checks skipped): a dry run of this script where no GPU is present.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _check(results: dict[str, Any], name: str, fn: Callable[[], dict[str, Any]]) -> None:
+    t = time.perf_counter()
+    try:
+        out = fn()
+    except Exception as e:  # a failed check is reported, the others still run
+        out = {"ok": False, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc(limit=4)}
+    out["seconds"] = round(time.perf_counter() - t, 2)
+    results[name] = out
+    print(f"[device_check] {name}: {'ok' if out.get('ok') else ('skipped' if out.get('skipped') else 'FAILED')}"
+          f" ({out['seconds']} s)", file=sys.stderr, flush=True)
+
+
+def _llama_partitions() -> dict[str, Any]:
+    from kareus.partition.nanobatch import NanobatchPartitioner, NanobatchPartitionerConfig
+    from kareus.types import ModelSpec, ParallelSpec
+    from kareus.workload.graph import build_workload
+
+    model = ModelSpec("llama3.2-3b", 28, 3072, 8192, 24, 8, 128, 128256)
+    parallel = ParallelSpec(tp=2, pp=1, micro_batch_size=4, num_microbatches=2, seq_len=2048)
+    parts = NanobatchPartitioner(NanobatchPartitionerConfig()).partition(build_workload(model, parallel))
+    return {t.key: t for t in parts.types}
+
+
+def check_nvml(index: int) -> dict[str, Any]:
+    from kareus.runtime.telemetry import NVMLDevice
+
+    d = NVMLDevice(index)
+    e0 = d.energy_j()
+    time.sleep(0.3)
+    e1 = d.energy_j()
+    out = {"name": d.name(), "sm_clock_mhz": d.sm_clock_mhz(), "max_sm_clock_mhz": d.max_sm_clock_mhz(),
+           "temperature_c": d.temperature_c(), "power_w": d.power_w(), "power_limit_w": d.power_limit_w(),
+           "idle_energy_j_0.3s": round(e1 - e0, 3)}
+    out["ok"] = (out["sm_clock_mhz"] > 0 and 0 < out["temperature_c"] < 110 and out["power_limit_w"] > 0
+                 and e1 >= e0)
+    d.close()
+    return out
+
+
+def _clock_state(index: int) -> dict[str, Any]:
+    import pynvml
+
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByIndex(index)
+    state: dict[str, Any] = {"power_limit_mw": pynvml.nvmlDeviceGetEnforcedPowerLimit(h)}
+    for key, fn in (("app_sm_clock_mhz", lambda: pynvml.nvmlDeviceGetApplicationsClock(h, pynvml.NVML_CLOCK_SM)),
+                    ("default_app_sm_clock_mhz",
+                     lambda: pynvml.nvmlDeviceGetDefaultApplicationsClock(h, pynvml.NVML_CLOCK_SM))):
+        try:
+            state[key] = fn()
+        except Exception as e:  # older drivers lack some queries
+            state[key] = f"n/a ({type(e).__name__})"
+    return state
+
+
+def check_partitions(backend: Any, parts: dict[str, Any], window_s: float, power_limit_w: float,
+                     idle_w: float) -> dict[str, Any]:
+    from kareus.types import Candidate
+
+    rows = []
+    ok = True
+    for key, slots in (("fwd_attn", ("sequential", "norm_0", "attn_0")), ("bwd_attn", ("sequential", "attn_0")),
+                       ("fwd_mlp", ("sequential", "linear_0"))):
+        p = parts[key]
+        for slot in slots:
+            c = Candidate(key, slot, 16, backend.clock())
+            r = backend.measure(p, c, window_s)
+            power = r.energy_j / r.time_s if r.ok and r.time_s > 0 else float("nan")
+            good = r.time_s > 0 and (not backend.cuda or (r.ok and r.energy_j > 0
+                                                          and 0.8 * idle_w <= power <= 1.1 * power_limit_w))
+            ok &= good
+            rows.append({"partition": key, "slot": slot, "ok": good, "time_ms": round(r.time_s * 1e3, 4),
+                         "energy_j": round(r.energy_j, 5) if r.ok else None, "power_w": round(power, 1) if r.ok else None,
+                         "sm_clock_mhz": r.freq_mhz, "temperature_c": r.temperature_c, "executions": r.executions,
+                         "error": r.error})
+    return {"ok": ok, "power_bounds_w": [round(0.8 * idle_w, 1), round(1.1 * power_limit_w, 1)], "rows": rows}
+
+
+def check_overlap(backend_cls: Any, cfg_cls: Any, device: str, cpu: bool, window_s: float) -> dict[str, Any]:
+    from kareus.runtime.comm import CopyBackend, CopyConfig
+    from kareus.types import Candidate, Collective, Direction, Link, PartitionType, Slot
+    from kareus.workload.ops import comm, gemm
+
+    n = 512 if cpu else 8192
+    msg = (64 << 20) if cpu else (1 << 30)  # bytes the stand-in copies (read + write twice that)
+    sms = 32
+    chain = tuple(gemm(f"g{i}", n, n, n) for i in range(4))
+    p = PartitionType("overlap", Direction.FWD, chain, comm("copy", Collective.ALL_REDUCE, msg, 1, Link.NVLINK),
+                      (Slot("linear_0", (0,), "gemm"),))
+    copy = CopyBackend(CopyConfig())
+    b = backend_cls(cfg_cls(device=device, comm="copy", energy="none" if cpu else "nvml", warmup=2), comm=copy)
+    alone_chain = b.measure_ops(chain, window_s).time_s
+    seq = b.measure(p, Candidate("overlap", "sequential", sms, b.clock()), window_s)
+    ovl = b.measure(p, Candidate("overlap", "linear_0", sms, b.clock()), window_s)
+    saved = 1.0 - ovl.time_s / seq.time_s
+    out = {"copy_kernel": copy.kernel_used, "copy_sms": sms, "chain_ms": round(alone_chain * 1e3, 3), "sequential_ms": round(seq.time_s * 1e3, 3),
+           "overlapped_ms": round(ovl.time_s * 1e3, 3), "time_saved": round(saved, 4),
+           "copy_ms_estimate": round((seq.time_s - alone_chain) * 1e3, 3),
+           "sequential_energy_j": seq.energy_j if seq.ok else None, "overlapped_energy_j": ovl.energy_j if ovl.ok else None}
+    # on a GPU the side stream must hide part of the copy; a CPU has no streams (reported only)
+    out["ok"] = True if cpu else saved > 0.05
+    if cpu:
+        out["note"] = "no streams on the CPU: overlap is reported, not checked"
+    b.close()
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def check_nccl(backend_cls: Any, cfg_cls: Any, parts: dict[str, Any], window_s: float) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    from kareus.runtime.comm import NCCLBackend, NCCLConfig, nccl_options
+    from kareus.types import Candidate
+
+    if not dist.is_nccl_available():
+        return {"ok": False, "skipped": True, "error": "this torch build has no NCCL"}
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    try:
+        comm = NCCLBackend(NCCLConfig())
+        opts = nccl_options(8, NCCLConfig())
+        b = backend_cls(cfg_cls(device="cuda", comm="nccl", energy="nvml"), comm=comm)
+        rows = []
+        for sms in (4, 16):
+            r = b.measure(parts["fwd_attn"], Candidate("fwd_attn", "attn_0", sms, b.clock()), window_s)
+            rows.append({"sms": sms, "time_ms": round(r.time_s * 1e3, 4), "ok": r.ok, "error": r.error})
+        b.close()
+        return {"ok": all(r["ok"] for r in rows) and len(comm._groups) == 2,
+                "per_communicator_ctas": opts is not None, "groups": sorted(comm._groups), "rows": rows}
+    finally:
+        dist.destroy_process_group()
+
+
+def check_zeus(backend_cls: Any, cfg_cls: Any, parts: dict[str, Any], window_s: float) -> dict[str, Any]:
+    from kareus.types import Candidate
+
+    try:
+        import zeus.monitor  # noqa: F401
+    except Exception as e:  # zeus is optional: NVML's counter is the default meter
+        return {"ok": False, "skipped": True, "error": f"zeus is not installed ({type(e).__name__})"}
+    b = backend_cls(cfg_cls(device="cuda", comm="copy", energy="zeus"))
+    r = b.measure(parts["fwd_attn"], Candidate("fwd_attn", "attn_0", 16, b.clock()), window_s)
+    b.close()
+    return {"ok": r.ok and r.energy_j > 0, "time_ms": round(r.time_s * 1e3, 4),
+            "energy_j": r.energy_j if r.ok else None, "error": r.error}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cpu", action="store_true", help="dry run on the CPU (tiny shapes, no energy)")
+    ap.add_argument("--window", type=float, default=0.5, help="measurement window in seconds")
+    args = ap.parse_args()
+
+    import torch
+
+    from kareus.runtime.backend import CudaBackend, CudaConfig
+    from kareus.runtime.telemetry import nvml_index
+
+    cpu = args.cpu or not torch.cuda.is_available()
+    t0 = time.perf_counter()
+    summary: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda, "mode": "cpu" if cpu else "gpu",
+                               "window_s": args.window, "checks": {}}
+    checks = summary["checks"]
+    if not cpu:
+        summary["gpu"] = torch.cuda.get_device_name(0)
+        summary["gpu_count"] = torch.cuda.device_count()
+    index = nvml_index(0)
+    before = None
+    power_limit, idle_w = 1000.0, 25.0
+    if not cpu:
+        _check(checks, "nvml", lambda: check_nvml(index))
+        power_limit = float(checks["nvml"].get("power_limit_w") or power_limit)
+        idle_w = float(checks["nvml"].get("power_w") or idle_w)  # read before any kernel ran
+        try:
+            before = _clock_state(index)
+        except Exception as e:
+            summary["clock_state_error"] = repr(e)
+    parts = _llama_partitions()
+    device = "cpu" if cpu else "cuda"
+    cfg = CudaConfig(device=device, comm="copy", energy="none" if cpu else "nvml", scale=0.125 if cpu else 1.0)
+    holder: dict[str, Any] = {}
+
+    def partitions() -> dict[str, Any]:
+        holder["b"] = CudaBackend(cfg)
+        out = check_partitions(holder["b"], parts, args.window, power_limit, idle_w)
+        holder["b"].close()
+        return out
+
+    _check(checks, "partitions", partitions)
+    _check(checks, "overlap", lambda: check_overlap(CudaBackend, CudaConfig, device, cpu, args.window))
+    if not cpu:
+        _check(checks, "nccl", lambda: check_nccl(CudaBackend, CudaConfig, parts, args.window))
+        _check(checks, "zeus", lambda: check_zeus(CudaBackend, CudaConfig, parts, args.window))
+        if before is not None:
+            after = _clock_state(index)
+            checks["clocks_untouched"] = {"ok": after == before, "before": before, "after": after}
+    ran = [c for c in checks.values() if not c.get("skipped")]
+    summary["passed"] = bool(ran) and all(c.get("ok") for c in ran)
+    summary["seconds"] = round(time.perf_counter() - t0, 1)
+    text = json.dumps(summary, indent=2, default=str)
+    print(text)
+    out_dir = os.environ.get("OUT")
+    if out_dir:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        (Path(out_dir) / "device_check.json").write_text(text)
+    return 0 if summary["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,261 @@
+"""The cuda hardware backend on the CPU: slot/join order, windows, failed energy, config; GPU checks marked."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from kareus.hardware.base import HardwareBackend  # noqa: E402
+from kareus.registry import HARDWARE  # noqa: E402
+from kareus.runtime import CudaBackend, CudaConfig, launch_points  # noqa: E402
+from kareus.runtime.shapes import gemm_shape  # noqa: E402
+from kareus.types import SEQUENTIAL, Candidate, Collective, Direction, Link, Op, OpKind, PartitionType, Slot  # noqa: E402
+from kareus.workload.ops import comm, gemm, memory  # noqa: E402
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _partition(join: int | None = None) -> PartitionType:
+    ops = (memory("norm", OpKind.NORM, 64 * 64, 4, 2), gemm("qkv", 64, 32, 96),
+           Op("attention", OpKind.ATTENTION, flops=4.0 * 64 * 64 / 2 * 64, bytes=2 * 4 * 64 * 64),
+           gemm("proj", 64, 32, 32))
+    slots = (Slot("norm_0", (0,), "memory"), Slot("linear_0", (1,), "gemm"), Slot("attn_0", (2,), "attention"),
+             Slot("linear_1", (3,), "gemm"))
+    return PartitionType("fwd_attn", Direction.FWD, ops, comm("ar", Collective.ALL_REDUCE, 4096, 2, Link.NVLINK),
+                         slots, join)
+
+
+class Recorder:
+    """A comm backend and compute kernels that log the order in which the backend issues them."""
+
+    name = "recorder"
+
+    def __init__(self) -> None:
+        self.log: list[str] = []
+
+    def world_size(self) -> int:
+        return 1
+
+    def prepare(self, op, sms, device):
+        rec = self
+
+        class Handle:
+            def wait(self) -> None:
+                rec.log.append("join")
+
+        def launch():
+            rec.log.append(f"comm@{sms}")
+            return Handle()
+
+        return launch
+
+    def install(self, backend: CudaBackend, partition: PartitionType) -> None:
+        backend._compute[partition.key] = [
+            (lambda i=i: self.log.append(f"op{i}")) for i in range(len(partition.compute))]
+
+
+def _cpu(**kw) -> CudaBackend:
+    return CudaBackend(CudaConfig(device="cpu", comm="copy", warmup=1, **kw))
+
+
+@pytest.mark.parametrize("slot,join,order", [
+    (SEQUENTIAL, None, ["comm@8", "join", "op0", "op1", "op2", "op3"]),
+    ("norm_0", None, ["comm@8", "op0", "op1", "op2", "op3", "join"]),
+    ("attn_0", None, ["op0", "op1", "comm@8", "op2", "op3", "join"]),
+    ("linear_0", 2, ["op0", "comm@8", "op1", "op2", "join", "op3"]),
+    ("linear_1", 3, ["op0", "op1", "op2", "comm@8", "op3", "join"]),
+])
+def test_comm_launches_before_the_slot_op_and_joins_after_the_join_op(slot, join, order):
+    p = _partition(join)
+    rec = Recorder()
+    b = CudaBackend(CudaConfig(device="cpu"), comm=rec)
+    rec.install(b, p)
+    b.run_partition(p, slot, 8)
+    assert rec.log == order
+
+
+def test_launch_points_reject_a_join_before_the_launch_and_unknown_slots():
+    assert launch_points(_partition(), "attn_0") == (2, 3)
+    assert launch_points(_partition(1), SEQUENTIAL) == (None, 1)
+    with pytest.raises(ValueError, match="joins after op 1"):
+        launch_points(_partition(1), "attn_0")
+    with pytest.raises(KeyError, match="no slot"):
+        launch_points(_partition(), "attn_9")
+
+
+def test_cpu_measure_times_the_window_and_marks_energy_failed():
+    b = _cpu()
+    assert isinstance(b, HardwareBackend)
+    p = _partition()
+    c = Candidate(p.key, "attn_0", 16, b.gpu.max_mhz)
+    assert b.run_once(p, c) > 0
+    r = b.measure(p, c, 0.05)
+    assert not r.ok and math.isnan(r.energy_j) and "energy is unavailable on device cpu" in r.error
+    assert r.time_s > 0 and r.executions >= 1 and r.window_s == pytest.approx(r.time_s * r.executions)
+    assert r.window_s >= 0.02  # about the asked window (calibrated from the fastest of three runs)
+    ops = b.measure_ops(p.compute, 0.02)
+    assert ops.time_s > 0 and not ops.ok
+
+
+def test_candidate_clock_and_sms_are_checked():
+    b = _cpu()
+    p = _partition()
+    with pytest.raises(ValueError, match="lock it with the frequency controller"):
+        b.measure(p, Candidate(p.key, "attn_0", 16, 1005), 0.01)
+    b.set_clock(1005)  # the controller's bookkeeping call
+    assert b.clock() == 1005
+    with pytest.raises(ValueError, match="comm SMs"):
+        b.measure(p, Candidate(p.key, "attn_0", b.gpu.sms, 1005), 0.01)
+    with pytest.raises(ValueError, match="no locked clock"):
+        b.set_clock(1001)
+
+
+def test_real_kernels_have_the_op_shapes():
+    b = _cpu()
+    p = _partition()
+    outs = [k() for k in b.compute_kernels(p)]
+    g = gemm_shape(p.compute[1])
+    assert tuple(outs[1].shape) == (g.m, g.n) and g.flops == pytest.approx(p.compute[1].flops, rel=0.3)
+    assert outs[2].shape[-1] == 128 and outs[2].shape[-2] % 8 == 0  # attention [batch, heads, seq, head_dim]
+    assert outs[0].numel() == math.ceil(p.compute[0].bytes / 6)
+
+
+def test_attention_backward_kernel_runs_autograd_repeatedly():
+    b = _cpu()
+    bwd = Op("attention_bwd", OpKind.ATTENTION, flops=2.5 * 4.0 * 64 * 64 / 2 * 128, bytes=2 * 2 * 4 * 64 * 128)
+    p = PartitionType("bwd_attn", Direction.BWD, (bwd,), comm("ar", Collective.ALL_REDUCE, 1024, 2, Link.NVLINK),
+                      (Slot("attn_0", (0,), "attention"),))
+    k = b.compute_kernels(p)[0]
+    g1, g2 = k(), k()
+    assert len(g1) == 3 and torch.equal(g1[0], g2[0])
+
+
+@pytest.mark.parametrize("option,sms", [("a100_cuda", 108), ("h100_cuda", 132), ("h200_cuda", 132)])
+def test_registered_config_composes_and_validates(compose, option, sms):
+    import kareus.runtime  # noqa: F401  (registers the cuda schema)
+
+    cfg = compose("+model=tiny", f"hardware={option}")
+    hw = HARDWARE.build_config("cuda", cfg.hardware)
+    assert isinstance(hw, CudaConfig) and hw.comm == "nccl" and hw.energy == "nvml" and hw.sms == sms
+    assert hw.problems() == []
+    bad = CudaConfig(device="tpu", comm="mpi", energy="rapl", scale=2.0)
+    text = "\n".join(bad.problems())
+    for word in ("hardware.device", "hardware.comm", "hardware.energy", "hardware.scale"):
+        assert word in text
+
+
+def test_device_cuda_without_a_gpu_says_how_to_run_on_cpu():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(RuntimeError, match="device=cpu"):
+        CudaBackend(CudaConfig(device="cuda", comm="copy"))
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_window_reads_positive_energy_and_a_side_stream_overlap():
+    b = CudaBackend(CudaConfig(device="cuda", comm="copy", energy="nvml"))
+    p = _partition()
+    c = Candidate(p.key, "norm_0", 16, b.gpu.max_mhz)
+    r = b.measure(p, c, 0.2)
+    assert r.ok and r.energy_j > 0 and r.time_s > 0
+
+
+class _FakeCuda:
+    """Stands in for torch.cuda so the GPU branch's stream/event order is checked on the CPU."""
+
+    def __init__(self, log: list[str]) -> None:
+        import contextlib
+        import time
+
+        self.log = log
+        outer = self
+
+        class Event:
+            def __init__(self, enable_timing: bool = False) -> None:
+                self.t = None
+
+            def record(self, stream) -> None:
+                self.t = time.perf_counter()
+                outer.log.append(f"record:{stream.name}")
+
+            def synchronize(self) -> None:
+                outer.log.append("event_sync")
+
+            def elapsed_time(self, other) -> float:
+                return (other.t - self.t) * 1e3
+
+        @contextlib.contextmanager
+        def stream(s):
+            outer.log.append(f"enter:{s.name}")
+            yield
+            outer.log.append(f"exit:{s.name}")
+
+        self.Event = Event
+        self.stream = stream
+        self.synchronize = lambda device=None: outer.log.append("sync")
+
+
+class _FakeStream:
+    def __init__(self, name: str, log: list[str]) -> None:
+        self.name, self.log = name, log
+
+    def wait_stream(self, other) -> None:
+        self.log.append(f"{self.name}.wait_stream({other.name})")
+
+    def wait_event(self, event) -> None:
+        self.log.append(f"{self.name}.wait_event")
+
+
+class _Meter:
+    name = "fake"
+
+    def begin(self) -> None:
+        pass
+
+    def end(self) -> float:
+        return 6.0
+
+
+def test_gpu_branch_orders_streams_and_events():
+    from types import SimpleNamespace
+
+    p = _partition()
+    rec = Recorder()
+    b = CudaBackend(CudaConfig(device="cpu", warmup=0), comm=rec)
+    rec.install(b, p)
+    log = rec.log
+    b.cuda = True
+    b._torch = SimpleNamespace(cuda=_FakeCuda(log))
+    b.main, b.side = _FakeStream("main", log), _FakeStream("side", log)
+    b.energy = _Meter()
+    b.run_partition(p, "attn_0", 8)
+    assert log == ["op0", "op1", "side.wait_stream(main)", "enter:side", "comm@8", "record:side", "exit:side",
+                   "op2", "op3", "join", "main.wait_event"]
+    log.clear()
+    r = b.measure(p, Candidate(p.key, "attn_0", 8, b.gpu.max_mhz), 0.0)
+    assert r.ok and r.executions == 1 and r.energy_j == pytest.approx(6.0) and r.time_s >= 0
+    last_sync = len(log) - 1 - log[::-1].index("sync")
+    window = log[last_sync:]  # the measured window: sync, begin event, one execution, end event
+    assert window[:2] == ["sync", "record:main"] and window[-2:] == ["record:main", "event_sync"]
+    assert window.count("comm@8") == 1 and window.count("op3") == 1
+
+
+def test_device_check_dry_run_on_cpu_writes_its_summary(tmp_path, monkeypatch, capsys):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "device_check.py"
+    spec = importlib.util.spec_from_file_location("device_check", script)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setenv("OUT", str(tmp_path))
+    monkeypatch.setattr("sys.argv", ["device_check.py", "--cpu", "--window", "0.02"])
+    assert mod.main() == 0
+    summary = json.loads((tmp_path / "device_check.json").read_text())
+    assert summary["passed"] and summary["mode"] == "cpu"
+    assert {"partitions", "overlap"} <= set(summary["checks"])
+    assert json.loads(capsys.readouterr().out)["checks"]["partitions"]["ok"]

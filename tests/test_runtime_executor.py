@@ -1,0 +1,202 @@
+"""The plan executor (clock per instruction, slot and SMs per partition) and the megatron-core hook."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from kareus.plan.model import ExecutionPlan, InstructionPlan, PartitionSetting, StagePlan
+from kareus.runtime.executor import PlanCoverageError, PlanExecutor
+from kareus.runtime.megatron import MicrobatchTracker, plan_hooks
+
+
+class FakeController:
+    """Records the clock calls a frequency controller would get."""
+
+    def __init__(self) -> None:
+        self.calls: list = []
+
+    def set(self, mhz: int) -> None:
+        self.calls.append(mhz)
+
+    def reset(self) -> None:
+        self.calls.append("reset")
+
+
+def _ins(direction: str, mbs: tuple[int, ...], mhz: int, slot: str, sms: int) -> InstructionPlan:
+    parts = (PartitionSetting(f"{direction}_attn", slot, sms, 2), PartitionSetting(f"{direction}_mlp", "sequential", 4, 2))
+    return InstructionPlan(0, direction, mbs, mhz, 0.01, 1.0, parts)
+
+
+def _plan(num_microbatches: int = 4) -> ExecutionPlan:
+    stage0 = StagePlan(0, (_ins("fwd", (0, 1), 1410, "attn_0", 8), _ins("fwd", (2, 3), 1200, "norm_0", 12),
+                           _ins("bwd", (0, 1, 2, 3), 1305, "linear_1", 16)))
+    stage1 = StagePlan(1, (_ins("fwd", (0, 1, 2, 3), 1005, "attn_0", 8), _ins("bwd", (0, 1, 2, 3), 1005, "attn_0", 8)))
+    return ExecutionPlan(1, "h", "sim", "kareus", "1f1b", 0, 2, num_microbatches, 2, 85.0, 1.0, 100.0, 50.0,
+                         (stage0, stage1))
+
+
+def test_clock_switches_only_when_the_instruction_clock_changes():
+    ctl = FakeController()
+    ex = PlanExecutor(_plan(), ctl, stage=0)
+    for mb, d in [(0, "fwd"), (1, "fwd"), (0, "bwd"), (2, "fwd"), (1, "bwd"), (3, "fwd"), (2, "bwd"), (3, "bwd")]:
+        ex.begin(mb, d)
+    assert ctl.calls == [1410, 1305, 1200, 1305, 1200, 1305]  # f1 and b3 keep the clock already locked
+    assert [(s.microbatch, s.direction, s.mhz) for s in ex.switches] == [
+        (0, "fwd", 1410), (0, "bwd", 1305), (2, "fwd", 1200), (1, "bwd", 1305), (3, "fwd", 1200), (2, "bwd", 1305)]
+    assert ex.instructions == 8
+
+
+def test_partition_settings_follow_the_current_instruction():
+    ex = PlanExecutor(_plan(), FakeController(), stage=0)
+    with pytest.raises(RuntimeError, match="begin"):
+        ex.slot("fwd_attn")
+    ex.begin(1, "fwd")
+    assert (ex.slot("fwd_attn"), ex.sms("fwd_attn")) == ("attn_0", 8)
+    assert ex.setting("fwd_mlp").slot == "sequential"
+    ex.begin(2, "fwd")
+    assert (ex.slot("fwd_attn"), ex.sms("fwd_attn")) == ("norm_0", 12)
+    with pytest.raises(PlanCoverageError, match="no setting for partition 'bwd_attn'"):
+        ex.sms("bwd_attn")
+    with pytest.raises(PlanCoverageError, match="microbatch 7"):
+        ex.begin(7, "fwd")
+
+
+def test_clocks_are_reset_on_exit_even_after_an_error_and_relocked_after():
+    ctl = FakeController()
+    with pytest.raises(ZeroDivisionError):
+        with PlanExecutor(_plan(), ctl, stage=1) as ex:
+            ex.begin(0, "fwd")
+            1 / 0
+    assert ctl.calls == [1005, "reset"]
+    ex.begin(1, "bwd")  # after a reset the executor locks again even for the same clock
+    assert ctl.calls == [1005, "reset", 1005]
+    with pytest.raises(ValueError, match="stage 2"):
+        PlanExecutor(_plan(), ctl, stage=2)
+
+
+def test_run_partition_hands_the_knobs_to_the_backend():
+    calls = []
+    backend = SimpleNamespace(run_partition=lambda p, slot, sms: calls.append((p.key, slot, sms)))
+    ex = PlanExecutor(_plan(), FakeController(), stage=0, backend=backend)
+    ex.begin(0, "bwd")
+    ex.run_partition(SimpleNamespace(key="bwd_attn"))
+    assert calls == [("bwd_attn", "linear_1", 16)]
+
+
+def test_tracker_pairs_backwards_with_forwards_in_order():
+    t = MicrobatchTracker()
+    assert [t.forward(0), t.forward(1), t.backward(), t.forward(2), t.backward(), t.backward()] == [0, 1, 0, 2, 1, 2]
+    with pytest.raises(RuntimeError, match="no forward"):
+        t.backward()
+    t.forward(0), t.forward(1)  # an eval pass: forwards only
+    assert t.forward(0) == 0 and t.backward() == 0  # the next iteration starts fresh
+
+
+def _one_f_one_b(stage: int, num_stages: int, m: int) -> list[tuple[str, int]]:
+    """The 1F1B order of one stage (warm-up forwards, steady 1F1B, cool-down backwards)."""
+    warm = min(num_stages - stage - 1, m)
+    order = [("f", i) for i in range(warm)]
+    f, b = warm, 0
+    while f < m:
+        order += [("f", f), ("b", b)]
+        f, b = f + 1, b + 1
+    order += [("b", i) for i in range(b, m)]
+    return order
+
+
+def test_hook_switches_the_clock_before_each_step_of_a_1f1b_schedule():
+    calls: list = []
+    ctl = FakeController()
+    ex = PlanExecutor(_plan(), ctl, stage=0)
+    fake = SimpleNamespace(
+        forward_step=lambda *a, **kw: calls.append(("f", kw["current_microbatch"], ex.current.freq_mhz)) or ("out", 1),
+        backward_step=lambda *a, **kw: calls.append(("b", ex.current.microbatches, ex.current.freq_mhz)))
+    originals = (fake.forward_step, fake.backward_step)
+    with plan_hooks(ex, fake):
+        for kind, mb in _one_f_one_b(stage=0, num_stages=2, m=4):
+            if kind == "f":
+                assert fake.forward_step("func", current_microbatch=mb) == ("out", 1)
+            else:
+                fake.backward_step(None, None, None, None, None)
+    assert (fake.forward_step, fake.backward_step) == originals  # restored
+    assert [c[2] for c in calls] == [1410, 1410, 1305, 1200, 1305, 1200, 1305, 1305]
+    assert ctl.calls == [1410, 1305, 1200, 1305, 1200, 1305]
+
+
+def test_hook_patches_the_functions_megatron_core_schedules_call():
+    schedules = pytest.importorskip("megatron.core.pipeline_parallel.schedules")
+    ex = PlanExecutor(_plan(), FakeController(), stage=0)
+    run = schedules.forward_backward_pipelining_without_interleaving
+    orig = schedules.forward_step
+    with plan_hooks(ex):
+        # the schedule resolves forward_step/backward_step in its module globals at call time
+        assert run.__globals__["forward_step"].__wrapped__ is orig
+        assert schedules.forward_backward_no_pipelining.__globals__["backward_step"] is schedules.backward_step
+        assert schedules.backward_step.__wrapped__ is not None
+    assert schedules.forward_step is orig
+
+
+def test_hook_drives_megatron_core_schedule_on_cpu(monkeypatch):
+    """megatron-core's own no-pipelining schedule on a gloo group of one: the clock follows the plan."""
+    torch = pytest.importorskip("torch")
+    schedules = pytest.importorskip("megatron.core.pipeline_parallel.schedules")
+    import socket
+
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.core.enums import ModelType
+    from megatron.core.model_parallel_config import ModelParallelConfig
+
+    class CpuZeros:  # the schedule allocates its token counter on "cuda"; keep it on the CPU
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+        def zeros(self, *a, **kw):
+            kw.pop("device", None)
+            return torch.zeros(*a, **kw)
+
+    monkeypatch.setattr(schedules, "torch", CpuZeros())
+    plan = ExecutionPlan(1, "h", "sim", "kareus", "1f1b", 0, 1, 3, 1, 85.0, 1.0, 1.0, 1.0, (StagePlan(0, (
+        InstructionPlan(0, "fwd", (0,), 1410, 0.01, 1.0, (PartitionSetting("fwd_attn", "attn_0", 8),)),
+        InstructionPlan(0, "fwd", (1, 2), 1200, 0.01, 1.0, (PartitionSetting("fwd_attn", "norm_0", 12),)),
+        InstructionPlan(0, "bwd", (0, 1, 2), 1305, 0.01, 1.0, (PartitionSetting("bwd_attn", "linear_1", 16),)),
+    )),))
+    ctl = FakeController()
+    ex = PlanExecutor(plan, ctl, stage=0)
+    seen = []
+
+    def forward_step_func(data, model):
+        seen.append(("f", ex.current.freq_mhz, ex.slot("fwd_attn")))
+        out = model(next(data)).sum()
+        return out, lambda o: (o, {"loss": o.detach()})
+
+    if dist.is_initialized():
+        pytest.skip("a process group already exists in this process")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        try:
+            parallel_state.initialize_model_parallel(1, 1, create_gloo_process_groups=False)
+        except TypeError:  # older megatron-core: no such keyword
+            parallel_state.initialize_model_parallel(1, 1)
+        model = torch.nn.Linear(4, 1)
+        model.config = ModelParallelConfig()
+        model.config.fine_grained_activation_offloading = False
+        model.model_type = ModelType.encoder_or_decoder
+        model.set_input_tensor = lambda t: None
+        run = schedules.get_forward_backward_func()
+        with plan_hooks(ex) as tracker:
+            losses = run(forward_step_func=forward_step_func, data_iterator=iter([torch.randn(2, 4)] * 3),
+                         model=[model], num_microbatches=3, seq_length=4, micro_batch_size=2)
+        assert len(losses) == 3 and model.weight.grad is not None
+        assert not tracker._waiting  # every forward got its backward
+    finally:
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
+    assert seen == [("f", 1410, "attn_0"), ("f", 1200, "norm_0"), ("f", 1200, "norm_0")]
+    assert ctl.calls == [1410, 1305, 1200, 1305, 1200, 1305]  # f0 b0 f1 b1 f2 b2, one switch each
+    assert [(s.microbatch, s.direction) for s in ex.switches] == [
+        (0, "fwd"), (0, "bwd"), (1, "fwd"), (1, "bwd"), (2, "fwd"), (2, "bwd")]
