@@ -6,6 +6,7 @@ import importlib
 PLANNER_PACKAGES = (
     "kareus.partition", "kareus.hardware", "kareus.search", "kareus.profiler", "kareus.launch",
     "kareus.compose", "kareus.plan", "kareus.tracking",
+    "kareus.runtime",  # registers the cuda backend and comm backends; imports torch only when used
 )
 
 

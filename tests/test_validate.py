@@ -102,18 +102,20 @@ def test_pipeline_needs_at_least_pp_microbatches():
 
 
 def test_tp_must_divide_attention_heads():
+    # tp | kv heads and kv heads | heads imply tp | heads, so this rule always fires beside another.
     assert problems("model.num_attention_heads=20", "model.num_kv_heads=4") == [
-        "parallel.tp: 8 does not divide model.num_attention_heads=20"]
+        "parallel.tp: 8 does not divide model.num_attention_heads=20",
+        "parallel.tp: 8 does not divide model.num_kv_heads=4"]
 
 
-def test_tp_must_divide_or_be_a_multiple_of_kv_heads():
+def test_tp_must_divide_kv_heads():
     assert problems("parallel.tp=4", "model.num_attention_heads=24", "model.num_kv_heads=6") == [
-        "parallel.tp: 4 neither divides nor is a multiple of model.num_kv_heads=6"]
+        "parallel.tp: 4 does not divide model.num_kv_heads=6"]
 
 
-def test_tp_above_kv_heads_is_allowed():
-    """GQA with more TP ranks than KV heads replicates the KV heads (Megatron allows it)."""
-    assert problems("parallel.tp=8", "model.num_kv_heads=4") == []
+def test_tp_above_kv_heads_is_refused():
+    """Megatron requires num_query_groups % tp == 0: KV heads are sharded, never replicated."""
+    assert problems("parallel.tp=8", "model.num_kv_heads=4") == ["parallel.tp: 8 does not divide model.num_kv_heads=4"]
 
 
 def test_kv_heads_must_divide_attention_heads():
@@ -384,7 +386,7 @@ def test_every_problem_is_reported_together(hw):
     expected = [
         "parallel.num_microbatches: 1 is fewer than pp=2; the 1F1B pipeline would never fill",
         "parallel.tp: 3 does not divide model.num_attention_heads=16",
-        "parallel.tp: 3 neither divides nor is a multiple of model.num_kv_heads=8",
+        "parallel.tp: 3 does not divide model.num_kv_heads=8",
         "search.budget=0 must be > 0",
         f"search.space.sms: [500] outside 1..{hw.sms - 1} for {hw.gpu}",
         "profiler.repeats=0 must be >= 1",

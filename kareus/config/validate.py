@@ -91,8 +91,8 @@ def validate_model_parallel(model: Any, p: Any, gpus_per_node: int) -> list[str]
     m = model
     if m.num_attention_heads % p.tp:
         problems.append(f"parallel.tp: {p.tp} does not divide model.num_attention_heads={m.num_attention_heads}")
-    if m.num_kv_heads % p.tp and p.tp % m.num_kv_heads:
-        problems.append(f"parallel.tp: {p.tp} neither divides nor is a multiple of model.num_kv_heads={m.num_kv_heads}")
+    if m.num_kv_heads % p.tp:
+        problems.append(f"parallel.tp: {p.tp} does not divide model.num_kv_heads={m.num_kv_heads}")
     if m.num_attention_heads % m.num_kv_heads:
         problems.append(f"model.num_kv_heads: {m.num_kv_heads} does not divide "
                         f"model.num_attention_heads={m.num_attention_heads}")

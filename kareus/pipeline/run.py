@@ -59,7 +59,8 @@ def _search_and_plan(ctx: RunContext, console: Console, compose: bool) -> dict[s
     with tracker:
         tracker.start(OmegaConf.to_container(ctx.cfg, resolve=True, enum_to_str=True),
                       choices=hctx.get("choices"), overrides=hctx.get("overrides", ()), hardware=ctx.hardware_label,
-                      run_name=hctx.get("run_name"), tags={"config_hash": ctx.config_hash})
+                      run_name=hctx.get("run_name"), tags={"config_hash": ctx.config_hash},
+                      simulated=ctx.simulated)
         tasks = make_tasks(ctx, partitions, lambda p: [tracker.partition_listener_factory(p.key, p.slot_labels)])
         progress = make_progress(bool(ctx.cfg.progress), console=console, simulated=ctx.simulated)
         try:

@@ -1,0 +1,214 @@
+"""Typed configs of every searcher (one base dataclass) and their cross-field checks."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from kareus.search.space import SpaceConfig
+
+
+class PassName(str, Enum):
+    """Acquisition passes; an Enum so that ``search.passes=[total,typo]`` fails at composition."""
+
+    total = "total"  # HVI of predicted (time, total energy)
+    dynamic = "dynamic"  # HVI of predicted (time, dynamic energy)
+    static = "static"  # HVI of predicted (time, static energy): favours the fastest candidates
+    uncertainty = "uncertainty"  # largest predictive spread among candidates that may be Pareto
+    fastest = "fastest"  # lowest predicted time (the published artifact's third pass)
+    spread = "spread"  # largest predictive spread anywhere (the published artifact's last pass)
+
+
+@dataclass
+class SearcherConfig:
+    """What every searcher shares. ``budget`` (a count) wins over ``budget_frac`` (of the space)."""
+
+    name: str = ""
+    seed: int = 0
+    budget: int | None = None
+    budget_frac: float | None = 0.15
+    batch_size: int = 32
+    initial: int | None = None  # initial design size; None: min(batch_size, max(8, budget // 3))
+    min_rounds: int = 4  # batches shrink below batch_size so that the guided phase has this many rounds
+    space: SpaceConfig = field(default_factory=SpaceConfig)
+
+    def problems(self, ctx: Any = None) -> list[str]:
+        """Cross-field rules for validate(): the config's own, and the space against ``ctx.gpu``."""
+        out = config_problems(self)
+        gpu = getattr(ctx, "gpu", None)
+        if gpu is not None:
+            from kareus.search.space import space_problems
+
+            out += space_problems(self.space, gpu)
+        return out
+
+
+@dataclass
+class SurrogateConfig:
+    """Bootstrap ensemble of gradient-boosted trees on small data (one thread per member)."""
+
+    name: str = "xgboost"
+    members: int = 8
+    max_depth: int = 4
+    rounds: int = 150
+    learning_rate: float = 0.1
+    subsample: float = 1.0
+    min_child_weight: float = 1.0
+    threads: int = 2  # members fitted in parallel, one xgboost thread each
+    linear_base: bool = True  # fit a ridge baseline on the features first, trees model the residual
+
+
+@dataclass
+class MBOConfig(SearcherConfig):
+    """Multi-pass multi-objective Bayesian optimisation."""
+
+    name: str = "mbo"
+    passes: list[PassName] = field(default_factory=lambda: [
+        PassName.total, PassName.dynamic, PassName.static, PassName.uncertainty])
+    # share of each batch per pass; renormalised over the passes actually chosen
+    shares: dict[str, float] = field(default_factory=lambda: {
+        "total": 0.4, "dynamic": 0.3, "static": 0.1, "uncertainty": 0.2,
+        "fastest": 0.2, "spread": 0.2})
+    surrogate: SurrogateConfig = field(default_factory=SurrogateConfig)
+    kappa: float = 1.0  # HVI passes score the optimistic point mean - kappa x std (0: the mean)
+    greedy: bool = True  # fill each pass by greedy HVI (each pick joins the front as predicted)
+    stop_gain: float = 0.0  # stop when the batch's predicted HV gain / current HV falls below this
+    ref_margin: float = 0.1  # reference point: observed maxima + margin x observed range
+
+
+@dataclass
+class ArtifactConfig(SearcherConfig):
+    """The published artifact's batch policy, kept as the baseline our MBO must beat."""
+
+    name: str = "artifact"
+    members: int = 5
+    shares_total: float = 0.4
+    shares_dynamic: float = 0.2
+    shares_fastest: float = 0.2
+
+
+@dataclass
+class ExhaustiveConfig(SearcherConfig):
+    """Profile everything: the ground truth (budget ignored)."""
+
+    name: str = "exhaustive"
+    budget_frac: float | None = 1.0
+
+
+@dataclass
+class RandomConfig(SearcherConfig):
+    name: str = "random"
+
+
+@dataclass
+class OptunaConfig(SearcherConfig):
+    """Optuna ask/tell over the discrete space; repeated suggestions are answered, not charged."""
+
+    name: str = "tpe"
+    max_asks_factor: int = 20  # give up asking after this many x budget suggestions; fill randomly
+
+
+@dataclass
+class NSGA2Config(OptunaConfig):
+    name: str = "nsga2"
+    population: int | None = None  # None: batch_size
+
+
+@dataclass
+class TPEConfig(OptunaConfig):
+    name: str = "tpe"
+
+
+@dataclass
+class QNEHVIConfig(SearcherConfig):
+    """BoTorch qLogNEHVI with independent GPs over the exact candidate set (optional extra)."""
+
+    name: str = "qnehvi"
+    batch_size: int = 8
+    mc_samples: int = 32
+    verbose: bool = False
+
+
+def round_batch(cfg: SearcherConfig, remaining: int) -> int:
+    """Batch size after the initial design: ``batch_size``, or smaller so that ``remaining`` profiles
+    take at least ``min_rounds`` model updates (profiles run one at a time anyway; small budgets
+    gain most from feedback)."""
+    return max(1, min(cfg.batch_size, math.ceil(remaining / max(cfg.min_rounds, 1))))
+
+
+def budget_for(cfg: SearcherConfig, space_size: int) -> int:
+    """Profiles allowed on a space of ``space_size`` candidates (at least one, at most the space)."""
+    if cfg.budget is not None:
+        n = cfg.budget
+    elif cfg.budget_frac is not None:
+        n = math.ceil(cfg.budget_frac * space_size - 1e-9)
+    else:
+        n = space_size
+    return max(1, min(int(n), space_size))
+
+
+def initial_size(cfg: SearcherConfig, budget: int) -> int:
+    """Size of the initial design (it counts against the budget)."""
+    if cfg.initial is not None:
+        return max(1, min(cfg.initial, budget))
+    return max(1, min(cfg.batch_size, max(8, budget // 3), budget))
+
+
+def config_problems(cfg: SearcherConfig) -> list[str]:
+    """Cross-field problems of a searcher config (the space's GPU checks live in space_problems)."""
+    out: list[str] = []
+    if cfg.budget is not None and cfg.budget <= 0:
+        out.append(f"search.budget={cfg.budget} must be > 0")
+    if cfg.budget_frac is not None and not 0 < cfg.budget_frac <= 1:
+        out.append(f"search.budget_frac={cfg.budget_frac} must be in (0, 1]")
+    if cfg.batch_size <= 0:
+        out.append(f"search.batch_size={cfg.batch_size} must be > 0")
+    if cfg.min_rounds <= 0:
+        out.append(f"search.min_rounds={cfg.min_rounds} must be > 0")
+    if cfg.initial is not None and cfg.initial <= 0:
+        out.append(f"search.initial={cfg.initial} must be > 0")
+    if isinstance(cfg, MBOConfig):
+        if not cfg.passes:
+            out.append("search.passes must name at least one pass")
+        if len(set(cfg.passes)) != len(cfg.passes):
+            out.append(f"search.passes has duplicates: {[p.value for p in cfg.passes]}")
+        valid = {p.value for p in PassName}
+        unknown = [k for k in cfg.shares if k not in valid]
+        if unknown:
+            out.append(f"search.shares: unknown pass(es) {unknown}; known: {sorted(valid)}")
+        neg = {k: v for k, v in cfg.shares.items() if v < 0}
+        if neg:
+            out.append(f"search.shares must be >= 0: {neg}")
+        if cfg.passes and sum(cfg.shares.get(p.value, 0.0) for p in cfg.passes) <= 0:
+            out.append("search.shares of the chosen passes sum to 0")
+        s = cfg.surrogate
+        if s.members < 2:
+            out.append("search.surrogate.members must be >= 2 (the spread is the uncertainty)")
+        if not 1 <= s.max_depth <= 12:
+            out.append(f"search.surrogate.max_depth={s.max_depth} must be in 1..12")
+        if s.rounds <= 0 or s.threads <= 0:
+            out.append("search.surrogate.rounds and threads must be > 0")
+        if cfg.kappa < 0 or cfg.stop_gain < 0 or cfg.ref_margin < 0:
+            out.append("search.kappa, stop_gain and ref_margin must be >= 0")
+    if isinstance(cfg, ArtifactConfig):
+        tot = cfg.shares_total + cfg.shares_dynamic + cfg.shares_fastest
+        if tot > 1 or min(cfg.shares_total, cfg.shares_dynamic, cfg.shares_fastest) < 0:
+            out.append(f"search.shares_total/shares_dynamic/shares_fastest must be >= 0 and sum to <= 1 (got {tot})")
+    return out
+
+
+problems = config_problems
+
+
+def pass_shares(cfg: MBOConfig, batch: int) -> list[tuple[str, int]]:
+    """Split a batch over the chosen passes by their shares (largest remainder; order kept)."""
+    names = [p.value for p in cfg.passes]
+    w = [max(cfg.shares.get(n, 0.0), 0.0) for n in names]
+    tot = sum(w) or 1.0
+    raw = [batch * x / tot for x in w]
+    counts = [int(math.floor(r)) for r in raw]
+    rest = batch - sum(counts)
+    for i in sorted(range(len(raw)), key=lambda i: (counts[i] - raw[i], i))[:rest]:
+        counts[i] += 1
+    return list(zip(names, counts))

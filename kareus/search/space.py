@@ -1,0 +1,174 @@
+"""The candidate space of one partition (slot x comm SMs x clock) and its numeric encoding.
+
+Defaults keep a typical partition near 720 candidates (about 9 slots x 8 SM counts x 10 clocks):
+- SMs 2..16 in steps of 2: comm kernels saturate the link at roughly 6-10 SMs (real A100 table in
+  ``shared/data/a100_attention_tp2``: 3.36 ms at 10 SMs vs 3.19 ms at 20), and every SM above that is
+  taken from compute, so larger counts are dominated;
+- clocks from the maximum down to 60% of it in steps of 60 MHz (a multiple of the GPU's step):
+  below about 60% of the maximum the static energy of the longer run outweighs the saved dynamic
+  energy, so those clocks are dominated in total energy; adjacent 15 MHz steps differ by ~1% in
+  time and energy, below the measurement noise, so a coarser grid loses nothing measurable.
+Any of it can be overridden from YAML (``search.space.sms=[3,6,9]``, ``search.space.freq_mhz.step=30``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from kareus.hardware.base import GPUSpec
+from kareus.types import SEQUENTIAL, Candidate, PartitionType
+
+DEFAULT_SMS_MIN = 2
+DEFAULT_SMS_MAX = 16
+DEFAULT_SMS_STEP = 2
+DEFAULT_FREQ_STEP = 60
+
+
+@dataclass
+class FreqRange:
+    """Locked clocks to search. ``None`` means the GPU's own bound (min: ``min_frac`` x max)."""
+
+    min: int | None = None
+    max: int | None = None
+    step: int | None = None  # None: the smallest multiple of the GPU's step that is >= 60 MHz
+    min_frac: float = 0.6  # lower bound as a fraction of the maximum when ``min`` is None
+
+
+@dataclass
+class SpaceConfig:
+    """What to search for every partition; ``None`` fields take the documented defaults."""
+
+    sms: list[int] | None = None  # explicit SM counts; overrides sms_min/max/step
+    sms_min: int | None = None  # default 2
+    sms_max: int | None = None  # default min(16, gpu.max_comm_sms)
+    sms_step: int | None = None  # default 2
+    freq_mhz: FreqRange = field(default_factory=FreqRange)
+    slots: list[str] | None = None  # slot labels to keep (``sequential`` included); None: all
+
+
+def sm_counts(space: SpaceConfig, gpu: GPUSpec) -> list[int]:
+    if space.sms is not None:
+        return sorted(set(int(s) for s in space.sms))
+    lo = space.sms_min if space.sms_min is not None else DEFAULT_SMS_MIN
+    hi = space.sms_max if space.sms_max is not None else min(DEFAULT_SMS_MAX, gpu.max_comm_sms)
+    step = space.sms_step if space.sms_step is not None else DEFAULT_SMS_STEP
+    return list(range(lo, hi + 1, step))
+
+
+def clocks(space: SpaceConfig, gpu: GPUSpec) -> list[int]:
+    """Ascending clocks on the GPU's grid, counted down from the maximum."""
+    fr = space.freq_mhz
+    step = fr.step if fr.step is not None else gpu.step_mhz * -(-DEFAULT_FREQ_STEP // gpu.step_mhz)
+    hi = gpu.max_mhz if fr.max is None else min(fr.max, gpu.max_mhz)
+    if fr.min is not None:
+        lo = max(fr.min, gpu.min_mhz)
+    else:
+        lo = max(gpu.min_mhz, int(np.ceil(fr.min_frac * gpu.max_mhz)))
+    out = [f for f in range(hi, lo - 1, -step)]
+    return out[::-1]
+
+
+def space_problems(space: SpaceConfig, gpu: GPUSpec) -> list[str]:
+    """Cross-field problems of a space against a GPU (the lead's validate() collects these)."""
+    out: list[str] = []
+    if space.sms_step is not None and space.sms_step <= 0:
+        out.append("search.space.sms_step must be > 0")
+    else:
+        sms = sm_counts(space, gpu)
+        if not sms:
+            out.append("search.space: no SM counts (check sms / sms_min / sms_max / sms_step)")
+        bad = [s for s in sms if s < 1 or s > gpu.sms - 1]
+        if bad:
+            out.append(f"search.space.sms: {bad} outside 1..{gpu.sms - 1} for {gpu.name}")
+    fr = space.freq_mhz
+    if fr.step is not None and (fr.step <= 0 or fr.step % gpu.step_mhz):
+        out.append(f"search.space.freq_mhz.step={fr.step} must be a positive multiple of {gpu.name}'s "
+                   f"{gpu.step_mhz} MHz step")
+    for name, v in (("min", fr.min), ("max", fr.max)):
+        if v is not None and not gpu.min_mhz <= v <= gpu.max_mhz:
+            out.append(f"search.space.freq_mhz.{name}={v} outside {gpu.name}'s {gpu.min_mhz}..{gpu.max_mhz} MHz")
+    if fr.max is not None and gpu.min_mhz <= fr.max <= gpu.max_mhz and not gpu.supports_clock(fr.max):
+        out.append(f"search.space.freq_mhz.max={fr.max} is not a supported clock of {gpu.name} "
+                   f"({gpu.max_mhz} MHz down in {gpu.step_mhz} MHz steps)")
+    if fr.min is not None and fr.max is not None and fr.min > fr.max:
+        out.append(f"search.space.freq_mhz: min {fr.min} > max {fr.max}")
+    if not 0 < fr.min_frac <= 1:
+        out.append(f"search.space.freq_mhz.min_frac={fr.min_frac} must be in (0, 1]")
+    if not out and not clocks(space, gpu):
+        out.append("search.space.freq_mhz: no clock in range")
+    return out
+
+
+FIRST_SLOT = "first"
+
+
+def resolve_slot_alias(partition: PartitionType, label: str) -> str:
+    """``first`` names a partition's first launch slot whatever its label (``sequential`` if it has none)."""
+    if label != FIRST_SLOT:
+        return label
+    return partition.slots[0].label if partition.slots else SEQUENTIAL
+
+
+def build_space(partition: PartitionType, gpu: GPUSpec, space: SpaceConfig,
+                fixed: list[Candidate] | None = None) -> list[Candidate]:
+    """All candidates of one partition, sorted. With ``fixed`` (a backend's exact space, e.g. replay)
+    only the explicitly set fields of ``space`` filter it; defaults do not thin a recorded table."""
+    labels = list(partition.slot_labels)
+    if space.slots is not None:
+        wanted = [resolve_slot_alias(partition, s) for s in space.slots]
+        unknown = [s for s in wanted if s not in labels]
+        if unknown:
+            raise ValueError(f"partition {partition.key!r} has no slot(s) {unknown}; slots: {', '.join(labels)}")
+        labels = [s for s in labels if s in set(wanted)]
+    if fixed is not None:
+        keep_slots = set(labels)
+        fr = space.freq_mhz
+        out = []
+        for c in fixed:
+            if c.slot not in keep_slots:
+                continue
+            if space.sms is not None and c.sms not in space.sms:
+                continue
+            if space.sms_min is not None and c.sms < space.sms_min:
+                continue
+            if space.sms_max is not None and c.sms > space.sms_max:
+                continue
+            if fr.min is not None and c.freq_mhz < fr.min:
+                continue
+            if fr.max is not None and c.freq_mhz > fr.max:
+                continue
+            out.append(c)
+        return sorted(set(out))
+    sms, fs = sm_counts(space, gpu), clocks(space, gpu)
+    return sorted(Candidate(partition.key, s, n, f) for s in labels for n in sms for f in fs)
+
+
+FEATURES = ("freq_mhz", "sms", "sequential", "slot_pos", "slot_memory", "slot_gemm", "slot_attention", "slot_rank")
+
+
+def encode(partition: PartitionType, candidates: Sequence[Candidate]) -> np.ndarray:
+    """Numeric features, not indices: clock, SM count, overlap flag, where in the chain the comm starts
+    (fraction of compute ops before it), the kind of op it starts beside, and the slot's rank."""
+    n_ops = max(len(partition.compute), 1)
+    rank = {label: i for i, label in enumerate(partition.slot_labels)}
+    X = np.zeros((len(candidates), len(FEATURES)))
+    for i, c in enumerate(candidates):
+        X[i, 0] = c.freq_mhz
+        X[i, 1] = c.sms
+        X[i, 7] = rank.get(c.slot, len(rank))
+        if c.slot == SEQUENTIAL:
+            X[i, 2] = 1.0
+            X[i, 3] = -0.1
+            continue
+        try:
+            slot = partition.slot(c.slot)
+        except KeyError:  # a recorded label the partition does not know: position from its rank only
+            X[i, 3] = X[i, 7] / max(len(rank), 1)
+            continue
+        X[i, 3] = slot.start / n_ops
+        kind = {"memory": 4, "gemm": 5, "attention": 6}.get(slot.kind)
+        if kind is not None:
+            X[i, kind] = 1.0
+    return X
