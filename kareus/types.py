@@ -85,6 +85,9 @@ class Op:
     message_bytes: float = 0.0  # payload of the collective per GPU (the full tensor for all-reduce)
     group_size: int = 1
     link: Link | None = None
+    # Kernel shape where the runtime needs it: (m, k, n) for a GEMM, (batch, heads, seq, head_dim) for
+    # attention. FLOPs and bytes stay the source of truth for the simulator and the planner.
+    shape: tuple[int, ...] | None = None
 
     @property
     def is_comm(self) -> bool:

@@ -131,7 +131,8 @@ def _op(d: dict[str, Any]) -> Op:
     return Op(name=d["name"], kind=OpKind(d["kind"]), flops=d["flops"], bytes=d["bytes"],
               collective=Collective(d["collective"]) if d.get("collective") else None,
               message_bytes=d["message_bytes"], group_size=d["group_size"],
-              link=Link(d["link"]) if d.get("link") else None)
+              link=Link(d["link"]) if d.get("link") else None,
+              shape=tuple(d["shape"]) if d.get("shape") else None)
 
 
 def partition_from_dict(d: dict[str, Any]) -> PartitionType:

@@ -37,6 +37,11 @@ def _sp_in(name: str, s: Shard, sp: bool, link: Link) -> list[Op]:
     return [comm(f"{name}_allgather", Collective.ALL_GATHER, s.sp_tokens * s.hidden * BYTES, s.tp, link)]
 
 
+def attention_shape(model: ModelSpec, s: Shard) -> tuple[int, int, int, int]:
+    """(sequences, query heads, query tokens per sequence, head dim) of one GPU's attention kernel."""
+    return (s.sequences, s.heads_local, s.tokens // s.sequences, model.head_dim)
+
+
 def attention_flops(s: Shard) -> float:
     """Causal flash-attention forward FLOPs of one nanobatch on one GPU."""
     return 4.0 * s.causal_pairs * s.q_local
@@ -54,7 +59,8 @@ def layer_forward(model: ModelSpec, s: Shard, sp: bool, tp_link: Link, cp_link: 
     if s.cp > 1:
         ops.append(comm("cp_kv_allgather", Collective.ALL_GATHER, 2 * T * s.kv_local * BYTES, s.cp, cp_link))
     ops.append(Op("attention", OpKind.ATTENTION, flops=attention_flops(s),
-                  bytes=float(BYTES * (2 * T * s.q_local + 2 * s.kv_tokens * s.kv_local))))
+                  bytes=float(BYTES * (2 * T * s.q_local + 2 * s.kv_tokens * s.kv_local)),
+                  shape=attention_shape(model, s)))
     ops.append(gemm("attn_proj", T, s.q_local, h))
     ops += _tp_out("attn", s, sp, tp_link)
     ops.append(memory("attn_bda", OpKind.ELEMENTWISE, Ts * h, 2, 3))
@@ -89,7 +95,8 @@ def layer_backward(model: ModelSpec, s: Shard, sp: bool, tp_link: Link, cp_link:
     if s.cp > 1:
         ops.append(comm("cp_kv_allgather_bwd", Collective.ALL_GATHER, 2 * T * s.kv_local * BYTES, s.cp, cp_link))
     ops.append(Op("attention_bwd", OpKind.ATTENTION, flops=ATTENTION_BWD_FACTOR * attention_flops(s),
-                  bytes=float(BYTES * (4 * T * s.q_local + 4 * s.kv_tokens * s.kv_local))))
+                  bytes=float(BYTES * (4 * T * s.q_local + 4 * s.kv_tokens * s.kv_local)),
+                  shape=attention_shape(model, s)))
     if s.cp > 1:
         ops.append(comm("cp_dkv_reducescatter", Collective.REDUCE_SCATTER, 2 * T * s.kv_local * BYTES, s.cp, cp_link))
     ops.append(memory("rope_bwd", OpKind.ROPE, T * qk, 3, 2))

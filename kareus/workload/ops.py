@@ -16,7 +16,8 @@ from kareus.workload.shapes import BYTES
 
 
 def gemm(name: str, m: int, k: int, n: int) -> Op:
-    return Op(name, OpKind.GEMM, flops=2.0 * m * k * n, bytes=float(BYTES * (m * k + k * n + m * n)))
+    return Op(name, OpKind.GEMM, flops=2.0 * m * k * n, bytes=float(BYTES * (m * k + k * n + m * n)),
+              shape=(m, k, n))
 
 
 def memory(name: str, kind: OpKind, elements: float, flops_per_element: float, passes: float) -> Op:
