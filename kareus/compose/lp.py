@@ -1,0 +1,292 @@
+"""The default composer: a deadline sweep of convexified minimum-energy LPs, rounded to measured options.
+
+For a deadline D, the relaxation "choose every instruction's duration d_i on the lower convex hull of
+its options' (time, dynamic energy), finish by D, minimise total energy" is a linear program:
+
+    min  g * sum_i e_i + P * G * T
+    s.t. e_i >= a_ik + s_ik * d_i          (each hull segment k of node i)
+         f_p + d_i <= f_i                   (every edge p -> i; d_i <= f_i at sources)
+         f_i <= T <= D                      (sinks)
+         d_i in [fastest_i, cheapest_i]
+
+HiGHS solves the first deadline from scratch and every further one from the previous optimal basis
+(only the bound on T moves), so a sweep costs a few simplex pivots per deadline; Perseus'
+Phillips-Dessouky walk instead solves a max-flow for every time quantum. The sweep covers the
+fastest iteration up to the LP's unconstrained energy optimum (slower is never better).
+
+Each LP solution is rounded to measured options (the cheapest option no slower than d_i, which keeps
+the deadline, and the nearest option); then slack is reclaimed greedily, in reverse and in forward
+topological order, either keeping the rounded iteration end or using slack up to the deadline:
+every instruction is slowed to the cheapest option that fits its window. Instructions of one
+(stage, direction) may thus pick different options per microbatch. Every point is re-priced exactly
+on the DAG before Pareto pruning.
+"""
+from __future__ import annotations
+
+import bisect
+import itertools
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from kareus.compose.iteration import Assignment, CostModel, IterationFrontier, Options, critical_path
+from kareus.compose.microbatch import pareto_indices
+from kareus.compose.schedule import PipelineDAG
+from kareus.registry import COMPOSERS
+
+
+@dataclass
+class KareusComposerConfig:
+    name: str = "kareus"
+    num_deadlines: int = 48  # LPs solved between the fastest iteration and the energy optimum
+    repair_passes: int = 2  # slack-reclamation sweeps after rounding (0 = plain rounding)
+    nearest_rounding: bool = True  # also try rounding to the nearest option (may move the deadline)
+
+    def problems(self, ctx: Any = None) -> list[str]:
+        out = []
+        if self.num_deadlines < 2:
+            out.append(f"compose.num_deadlines must be at least 2 (got {self.num_deadlines})")
+        if self.repair_passes < 0:
+            out.append(f"compose.repair_passes must be >= 0 (got {self.repair_passes})")
+        return out
+
+
+@dataclass(frozen=True)
+class _KeyTable:
+    """Per (stage, direction): Pareto option indices sorted by time, and hull segments."""
+
+    idx: np.ndarray  # indices into the caller's option list, time ascending
+    t: np.ndarray
+    e: np.ndarray
+    seg_slope: np.ndarray
+    seg_rhs: np.ndarray  # s * t_a - e_a  (row: s*d - e <= rhs)
+
+
+def lower_hull(t: np.ndarray, e: np.ndarray) -> list[int]:
+    """Indices of the lower convex hull of a Pareto set sorted by time (energy falling)."""
+    hull: list[int] = []
+    for i in range(len(t)):
+        while len(hull) >= 2:
+            a, b = hull[-2], hull[-1]
+            # drop b if it lies on or above the segment a -> i
+            if (e[b] - e[a]) * (t[i] - t[a]) >= (e[i] - e[a]) * (t[b] - t[a]):
+                hull.pop()
+            else:
+                break
+        hull.append(i)
+    return hull
+
+
+def _tables(options: Options) -> dict:
+    out = {}
+    for key, opts in options.items():
+        t_all = np.array([o.time_s for o in opts], float)
+        e_all = np.array([o.dynamic_energy_j for o in opts], float)
+        idx = pareto_indices(t_all, e_all)
+        t, e = t_all[idx], e_all[idx]
+        h = lower_hull(t, e)
+        ht, he = t[h], e[h]
+        slope = np.diff(he) / np.diff(ht) if len(h) > 1 else np.zeros(0)
+        rhs = slope * ht[:-1] - he[:-1]
+        out[key] = _KeyTable(idx, t, e, slope, rhs)
+    return out
+
+
+class KareusComposer:
+    """Deadline-sweep LP composer (scipy HiGHS) with rounding and slack reclamation."""
+
+    name = "kareus"
+
+    def __init__(self, config: KareusComposerConfig | None = None) -> None:
+        self.config = config or KareusComposerConfig()
+
+    def compose(self, dag: PipelineDAG, options: Options, static_power_w: float, gpus_per_stage: int,
+                num_stages: int) -> IterationFrontier:
+        start = time.perf_counter()
+        model = CostModel(dag, options, static_power_w, gpus_per_stage, num_stages)
+        tables = _tables(options)
+        node_tab = [tables[n.key] for n in dag.nodes]
+        fast = np.array([tb.t[0] for tb in node_tab])
+        slow = np.array([tb.t[-1] for tb in node_tab])
+        t_fast = float(critical_path(dag, fast)[1].max())
+        t_slow = float(critical_path(dag, slow)[1].max())
+        lp = _LP(dag, node_tab, static_power_w, gpus_per_stage, num_stages)
+        results: list[Assignment] = []
+        seen: set[tuple[int, ...]] = set()
+
+        def add(pos: np.ndarray) -> None:
+            choice = tuple(int(tb.idx[p]) for tb, p in zip(node_tab, pos))
+            if choice in seen:
+                return
+            seen.add(choice)
+            d = np.array([tb.t[p] for tb, p in zip(node_tab, pos)])
+            e = np.array([tb.e[p] for tb, p in zip(node_tab, pos)])
+            results.append(model.assess_arrays(choice, d, e))
+
+        add(np.zeros(len(dag), dtype=int))
+        add(np.array([len(tb.t) - 1 for tb in node_tab]))
+        # The unconstrained optimum bounds the useful range: slower iterations only cost more.
+        free = lp.solve(t_slow)
+        t_best = t_slow if free is None else min(t_slow, max(t_fast, free[1]))
+        deadlines = np.linspace(t_best, t_fast, max(2, self.config.num_deadlines)) if t_best > t_fast else [t_fast]
+        for deadline in deadlines:
+            sol = lp.solve(float(deadline))
+            if sol is None:
+                continue
+            roundings = [_round(node_tab, sol[0], nearest=False)]
+            if self.config.nearest_rounding:
+                roundings.append(_round(node_tab, sol[0], nearest=True))
+            for pos in roundings:
+                add(pos)
+                for target, sweep in itertools.product((None, float(deadline)), (_reclaim, _reclaim_forward)):
+                    cur = pos  # keep the rounded iteration end, or use the slack up to the deadline
+                    for _ in range(self.config.repair_passes):
+                        new = sweep(dag, node_tab, cur, target)
+                        if np.array_equal(new, cur):
+                            break
+                        cur = new
+                        add(cur)
+        return IterationFrontier.from_assignments(results, model, self.name, time.perf_counter() - start)
+
+
+def _round(node_tab: Sequence[_KeyTable], d: np.ndarray, nearest: bool) -> np.ndarray:
+    """Per node, the slowest Pareto option no slower than d_i (or the nearest in time)."""
+    pos = np.empty(len(node_tab), dtype=int)
+    for i, (tb, di) in enumerate(zip(node_tab, d)):
+        j = max(0, bisect.bisect_right(tb.t, di * (1 + 1e-9)) - 1)
+        if nearest and j + 1 < len(tb.t) and abs(tb.t[j + 1] - di) < abs(di - tb.t[j]):
+            j += 1
+        pos[i] = j
+    return pos
+
+
+def _reclaim(dag: PipelineDAG, node_tab: Sequence[_KeyTable], pos: np.ndarray,
+             makespan: float | None = None) -> np.ndarray:
+    """Slow every node to the cheapest option that fits its window without ending after ``makespan``.
+
+    ``makespan`` defaults to the assignment's own iteration time (a pure energy saving).
+    Reverse topological sweep: each node ends as late as its successors allow (as-late-as-possible
+    schedule) and may start as early as its predecessors' current earliest finish.
+    """
+    pos = pos.copy()
+    dur = np.array([tb.t[p] for tb, p in zip(node_tab, pos)])
+    est, eft = critical_path(dag, dur)
+    makespan = max(float(eft.max()), makespan or 0.0)
+    succs = dag.succs
+    late_start = np.empty(len(dag))
+    for i in range(len(dag) - 1, -1, -1):
+        end = min((late_start[s] for s in succs[i]), default=makespan)
+        tb = node_tab[i]
+        window = end - est[i]
+        j = bisect.bisect_right(tb.t, window * (1 + 1e-12)) - 1
+        if j > pos[i]:
+            pos[i] = j
+        late_start[i] = end - tb.t[pos[i]]
+    return pos
+
+
+def _reclaim_forward(dag: PipelineDAG, node_tab: Sequence[_KeyTable], pos: np.ndarray,
+                     makespan: float | None = None) -> np.ndarray:
+    """Like :func:`_reclaim`, but earlier instructions take the slack first (topological sweep)."""
+    pos = pos.copy()
+    dur = np.array([tb.t[p] for tb, p in zip(node_tab, pos)])
+    finish = critical_path(dag, dur)[1]
+    end_all = max(float(finish.max()), makespan or 0.0)
+    succs = dag.succs
+    latest_finish = np.empty(len(dag))
+    for i in range(len(dag) - 1, -1, -1):  # latest finish with the current durations
+        latest_finish[i] = min((latest_finish[s] - dur[s] for s in succs[i]), default=end_all)
+    new_finish = np.empty(len(dag))
+    for i, ps in enumerate(dag.preds):
+        start = max((new_finish[p] for p in ps), default=0.0)
+        tb = node_tab[i]
+        j = bisect.bisect_right(tb.t, (latest_finish[i] - start) * (1 + 1e-12)) - 1
+        if j > pos[i]:
+            pos[i] = j
+        new_finish[i] = start + tb.t[pos[i]]
+    return pos
+
+
+class _LP:
+    """The deadline LP in sparse form; only the upper bound on T changes between deadlines.
+
+    The model is loaded into HiGHS once and every deadline re-solves from the previous optimal basis
+    (a bound change costs a few dual simplex pivots).
+    """
+
+    def __init__(self, dag: PipelineDAG, node_tab: Sequence[_KeyTable], static_power_w: float,
+                 gpus_per_stage: int, num_stages: int) -> None:
+        from scipy.sparse import csr_matrix
+
+        n = len(dag)
+        self.n = n
+        rows, cols, vals, rhs = [], [], [], []
+        r = 0
+        for i, tb in enumerate(node_tab):  # hull segments: s*d_i - e_i <= s*t_a - e_a
+            for s, b in zip(tb.seg_slope, tb.seg_rhs):
+                rows += [r, r]
+                cols += [i, n + i]
+                vals += [float(s), -1.0]
+                rhs.append(float(b))
+                r += 1
+        for i, ps in enumerate(dag.preds):  # f_p + d_i - f_i <= 0
+            for p in ps or (None,):
+                if p is None:
+                    rows += [r, r]
+                    cols += [i, 2 * n + i]
+                    vals += [1.0, -1.0]
+                else:
+                    rows += [r, r, r]
+                    cols += [2 * n + p, i, 2 * n + i]
+                    vals += [1.0, 1.0, -1.0]
+                rhs.append(0.0)
+                r += 1
+        for i, ss in enumerate(dag.succs):  # f_i - T <= 0 at sinks
+            if not ss:
+                rows += [r, r]
+                cols += [2 * n + i, 3 * n]
+                vals += [1.0, -1.0]
+                rhs.append(0.0)
+                r += 1
+        self.A = csr_matrix((vals, (rows, cols)), shape=(r, 3 * n + 1))
+        self.b = np.array(rhs)
+        self.c = np.concatenate([np.zeros(n), np.full(n, float(gpus_per_stage)), np.zeros(n),
+                                 [static_power_w * gpus_per_stage * num_stages]])
+        self.lb = np.concatenate([[tb.t[0] for tb in node_tab], [tb.e[-1] for tb in node_tab], np.zeros(n + 1)])
+        self.ub = np.concatenate([[tb.t[-1] for tb in node_tab], np.full(2 * n + 1, np.inf)])
+        self._highs = self._load()
+
+    def _load(self):
+        """Load the model into HiGHS once; each deadline then only moves T's upper bound."""
+        import highspy as h
+
+        A = self.A.tocsc()
+        lp = h.HighsLp()
+        lp.num_col_, lp.num_row_ = A.shape[1], A.shape[0]
+        lp.a_matrix_.num_col_, lp.a_matrix_.num_row_ = A.shape[1], A.shape[0]
+        lp.a_matrix_.format_ = h.MatrixFormat.kColwise
+        lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = A.indptr, A.indices, A.data
+        lp.col_cost_, lp.col_lower_, lp.col_upper_ = self.c, self.lb, self.ub
+        lp.row_lower_, lp.row_upper_ = np.full(A.shape[0], -np.inf), self.b
+        solver = h.Highs()
+        solver.setOptionValue("output_flag", False)
+        if solver.passModel(lp) == h.HighsStatus.kError:
+            raise RuntimeError("HiGHS rejected the deadline LP")
+        self._optimal = h.HighsModelStatus.kOptimal
+        return solver
+
+    def solve(self, deadline: float) -> tuple[np.ndarray, float] | None:
+        """Durations and iteration time of the relaxed optimum under the deadline (None if none found)."""
+        self._highs.changeColBounds(3 * self.n, 0.0, deadline * (1 + 1e-9))
+        self._highs.run()
+        if self._highs.getModelStatus() != self._optimal:
+            return None
+        x = self._highs.getSolution().col_value
+        return np.asarray(x[: self.n], dtype=float), float(x[3 * self.n])
+
+
+@COMPOSERS.register("kareus", KareusComposerConfig, description="deadline-sweep LP on convexified options + rounding")
+def _kareus(config: KareusComposerConfig) -> KareusComposer:
+    return KareusComposer(config)

@@ -1,0 +1,118 @@
+"""Plans as plain YAML: written with a schema version, read with yaml.safe_load and a strict schema check.
+
+Nothing in a plan file is ever evaluated; an unknown key, a missing key, a wrong type or another
+schema version is a :class:`PlanFormatError` naming the file and the field.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from pathlib import Path
+from typing import Any
+
+from kareus.plan.model import SCHEMA_VERSION, ExecutionPlan, InstructionPlan, PartitionSetting, StagePlan
+
+
+class PlanFormatError(ValueError):
+    """A plan file that is not a valid plan of this schema version."""
+
+
+def plan_to_dict(plan: ExecutionPlan) -> dict[str, Any]:
+    def conv(x: Any) -> Any:
+        if dataclasses.is_dataclass(x):
+            return {f.name: conv(getattr(x, f.name)) for f in dataclasses.fields(x)}
+        if isinstance(x, (list, tuple)):
+            return [conv(v) for v in x]
+        return x
+
+    return conv(plan)
+
+
+def _check(cls: type, data: Any, where: str) -> Any:
+    """Build ``cls`` from plain data, checking keys and types field by field."""
+    if not isinstance(data, dict):
+        raise PlanFormatError(f"{where}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        raise PlanFormatError(f"{where}: unknown key(s) {', '.join(map(str, unknown))}")
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            if f.default is not dataclasses.MISSING:
+                continue
+            raise PlanFormatError(f"{where}: missing key {f.name!r}")
+        kwargs[f.name] = _value(hints[f.name], data[f.name], f"{where}.{f.name}")
+    return cls(**kwargs)
+
+
+def _value(tp: Any, v: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        return _check(tp, v, where)
+    if origin is tuple:
+        (inner, _) = typing.get_args(tp)
+        if not isinstance(v, list):
+            raise PlanFormatError(f"{where}: expected a list, got {type(v).__name__}")
+        return tuple(_value(inner, x, f"{where}[{i}]") for i, x in enumerate(v))
+    if tp is int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise PlanFormatError(f"{where}: expected an integer, got {v!r}")
+        return v
+    if tp is float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise PlanFormatError(f"{where}: expected a finite number, got {v!r}")
+        return float(v)
+    if tp is str:
+        if not isinstance(v, str):
+            raise PlanFormatError(f"{where}: expected a string, got {v!r}")
+        return v
+    raise PlanFormatError(f"{where}: unsupported field type {tp!r}")  # pragma: no cover
+
+
+def plan_from_dict(data: Any, where: str = "plan") -> ExecutionPlan:
+    if isinstance(data, dict) and data.get("schema_version") != SCHEMA_VERSION:
+        raise PlanFormatError(f"{where}: schema_version {data.get('schema_version')!r} is not supported "
+                              f"(expected {SCHEMA_VERSION})")
+    plan = _check(ExecutionPlan, data, where)
+    for i, st in enumerate(plan.stages):
+        if st.stage != i:
+            raise PlanFormatError(f"{where}.stages[{i}]: stage {st.stage} out of order")
+        for j, ins in enumerate(st.instructions):
+            if ins.direction not in ("fwd", "bwd"):
+                raise PlanFormatError(f"{where}.stages[{i}].instructions[{j}].direction: {ins.direction!r} "
+                                      "is not fwd or bwd")
+    if len(plan.stages) != plan.num_stages:
+        raise PlanFormatError(f"{where}: {len(plan.stages)} stages listed, num_stages is {plan.num_stages}")
+    return plan
+
+
+def save_plan(plan: ExecutionPlan, path: str | Path) -> Path:
+    import yaml
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = "# Kareus execution plan (predicted values; times in s, energies in J)\n"
+    text += yaml.safe_dump(plan_to_dict(plan), sort_keys=False, default_flow_style=None, width=120)
+    path.write_text(text)
+    return path
+
+
+def load_plan(path: str | Path) -> ExecutionPlan:
+    """Read and validate a plan file (safe YAML only; raises PlanFormatError on anything else)."""
+    import yaml
+
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise PlanFormatError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    except OSError as e:
+        raise PlanFormatError(f"{path}: cannot read ({e.strerror})") from None
+    return plan_from_dict(data, where=str(path))
+
+
+__all__ = ["PlanFormatError", "load_plan", "plan_from_dict", "plan_to_dict", "save_plan",
+           "ExecutionPlan", "InstructionPlan", "PartitionSetting", "StagePlan"]

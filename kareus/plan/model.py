@@ -1,0 +1,109 @@
+"""Execution plans: what every pipeline instruction runs (clock, each partition's slot and SMs).
+
+One plan per iteration-frontier point. Instructions of one (stage, direction) that run the same
+option are grouped; their ``microbatches`` list says which microbatches they cover.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from kareus.compose.iteration import IterationFrontier
+from kareus.types import Direction, Partitioning
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class PartitionSetting:
+    partition: str
+    slot: str
+    sms: int
+    count: int = 0  # occurrences per instruction (0 = not recorded)
+
+
+@dataclass(frozen=True)
+class InstructionPlan:
+    stage: int
+    direction: str  # "fwd" | "bwd"
+    microbatches: tuple[int, ...]
+    freq_mhz: int
+    time_s: float  # predicted, per instruction
+    dynamic_energy_j: float  # predicted, per instruction and GPU
+    partitions: tuple[PartitionSetting, ...] = ()
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    stage: int
+    instructions: tuple[InstructionPlan, ...]
+
+
+@dataclass(frozen=True)
+class ExecutionPlan:
+    schema_version: int
+    config_hash: str
+    hardware: str
+    composer: str
+    schedule: str
+    index: int  # position on the iteration frontier (0 = fastest)
+    num_stages: int
+    num_microbatches: int
+    gpus_per_stage: int
+    static_power_w: float
+    predicted_time_s: float
+    predicted_energy_j: float
+    predicted_dynamic_energy_j: float
+    stages: tuple[StagePlan, ...]
+
+    def instruction(self, stage: int, microbatch: int, direction: Direction | str) -> InstructionPlan:
+        """The plan entry covering one instruction (KeyError if the plan does not cover it)."""
+        d = Direction(direction).value
+        for ins in self.stages[stage].instructions:
+            if ins.direction == d and microbatch in ins.microbatches:
+                return ins
+        raise KeyError((stage, microbatch, d))
+
+
+def make_plans(frontier: IterationFrontier, partitioning: Partitioning | None = None, *, config_hash: str,
+               hardware: str) -> list[ExecutionPlan]:
+    """One ExecutionPlan per iteration-frontier point, fastest first.
+
+    ``partitioning`` (optional) adds each partition type's occurrence count per instruction.
+    """
+    dag, options = frontier.dag, frontier.options
+    counts: dict[tuple[int, str], dict[str, int]] = {}
+    if partitioning is not None:
+        counts = {(w.stage, w.direction.value): dict(w.partitions) for w in partitioning.work}
+    plans = []
+    for index, point in enumerate(frontier):
+        a = point.payload
+        groups: dict[tuple[int, Direction, int], list[int]] = {}
+        for node, c in zip(dag.nodes, a.choice):
+            groups.setdefault((node.stage, node.direction, c), []).append(node.microbatch)
+        stages = []
+        for s in range(dag.num_stages):
+            entries = []
+            for (stage, direction, c), mbs in groups.items():
+                if stage != s:
+                    continue
+                o = options[(stage, direction)][c]
+                cnt = counts.get((stage, direction.value), {})
+                parts = tuple(PartitionSetting(k, cand.slot, int(cand.sms), int(cnt.get(k, 0)))
+                              for k, cand in sorted(o.choices.items()))
+                entries.append(InstructionPlan(stage, direction.value, tuple(sorted(mbs)), int(o.freq_mhz),
+                                               float(o.time_s), float(o.dynamic_energy_j), parts))
+            entries.sort(key=lambda ins: (ins.direction != "fwd", ins.microbatches[0]))
+            stages.append(StagePlan(s, tuple(entries)))
+        plans.append(ExecutionPlan(
+            schema_version=SCHEMA_VERSION, config_hash=config_hash, hardware=hardware, composer=frontier.composer,
+            schedule=dag.schedule, index=index, num_stages=dag.num_stages, num_microbatches=dag.num_microbatches,
+            gpus_per_stage=frontier.model.gpus_per_stage, static_power_w=float(frontier.model.static_power_w),
+            predicted_time_s=float(a.time_s), predicted_energy_j=float(a.energy_j),
+            predicted_dynamic_energy_j=float(a.dynamic_energy_j), stages=tuple(stages)))
+    return plans
+
+
+def plan_durations(plan: ExecutionPlan, nodes: Sequence) -> list[float]:
+    """Per DAG node (objects with stage, microbatch, direction), the plan's predicted duration."""
+    return [plan.instruction(n.stage, n.microbatch, n.direction).time_s for n in nodes]

@@ -1,0 +1,92 @@
+"""Run outputs of the planning stage: the iteration frontier CSV, plan files, and a table beside Megatron.
+
+The Megatron reference point runs every instruction at the top clock with the comm kernels
+sequential at their default SMs; the caller measures those options (same backend as the search) and
+passes one option per (stage, direction).
+"""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Mapping, Optional, Sequence
+
+from kareus.compose.iteration import Assignment, OptionKey, fixed_option_iteration
+from kareus.compose.microbatch import InstructionOption
+from kareus.compose.schedule import PipelineDAG
+from kareus.plan.io import save_plan
+from kareus.plan.model import ExecutionPlan
+
+
+def reference_point(dag: PipelineDAG, options: Mapping[OptionKey, InstructionOption], static_power_w: float,
+                    gpus_per_stage: int, num_stages: int) -> Assignment:
+    """Iteration time and energy of Megatron's default: one fixed option per (stage, direction)."""
+    return fixed_option_iteration(dag, options, static_power_w, gpus_per_stage, num_stages)
+
+
+def _saving(ref: float | None, value: float) -> float | None:
+    return None if not ref else 100.0 * (ref - value) / ref
+
+
+def write_run_outputs(run_dir: str | Path, plans: Sequence[ExecutionPlan], selected: ExecutionPlan | None = None,
+                      reference: Assignment | None = None) -> dict[str, Path]:
+    """Write ``frontier_iteration.csv``, ``plans/plan_NNN.yaml`` and ``plan_selected.yaml`` into ``run_dir``."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    out: dict[str, Path] = {}
+    csv_path = run_dir / "frontier_iteration.csv"
+    ref_t = reference.time_s if reference else None
+    ref_e = reference.energy_j if reference else None
+    with csv_path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["plan", "time_s", "energy_j", "dynamic_energy_j", "static_energy_j", "time_saving_pct",
+                    "energy_saving_pct", "plan_file"])
+        if reference is not None:
+            w.writerow(["megatron_reference", f"{reference.time_s:.9g}", f"{reference.energy_j:.9g}",
+                        f"{reference.dynamic_energy_j:.9g}", f"{reference.static_energy_j:.9g}", "0", "0", ""])
+        for p in plans:
+            st = p.predicted_energy_j - p.predicted_dynamic_energy_j
+            ts, es = _saving(ref_t, p.predicted_time_s), _saving(ref_e, p.predicted_energy_j)
+            w.writerow([p.index, f"{p.predicted_time_s:.9g}", f"{p.predicted_energy_j:.9g}",
+                        f"{p.predicted_dynamic_energy_j:.9g}", f"{st:.9g}",
+                        "" if ts is None else f"{ts:.4f}", "" if es is None else f"{es:.4f}",
+                        f"plans/plan_{p.index:03d}.yaml"])
+    out["frontier_iteration"] = csv_path
+    for p in plans:
+        save_plan(p, run_dir / "plans" / f"plan_{p.index:03d}.yaml")
+    out["plans"] = run_dir / "plans"
+    if selected is not None:
+        out["plan_selected"] = save_plan(selected, run_dir / "plan_selected.yaml")
+    return out
+
+
+def frontier_table(plans: Sequence[ExecutionPlan], reference: Assignment | None = None,
+                   selected: Optional[ExecutionPlan] = None, max_rows: int = 16, title: str | None = None):
+    """A rich Table of the iteration frontier beside the Megatron reference, with savings (predicted).
+
+    Savings are relative to the reference: positive is better (faster / less energy).
+    """
+    from rich.table import Table
+
+    table = Table(title=title or "Iteration frontier (predicted)")
+    for col, just in (("plan", "left"), ("time (s)", "right"), ("energy (J)", "right"),
+                      ("time saving", "right"), ("energy saving", "right"), ("", "left")):
+        table.add_column(col, justify=just)
+    if reference is not None:
+        table.add_row("Megatron (sequential, top clock)", f"{reference.time_s:.4f}", f"{reference.energy_j:.1f}",
+                      "-", "-", "reference", style="bold")
+    rows = list(plans)
+    if len(rows) > max_rows:  # keep both ends, the selected plan and an even spread
+        step = (len(rows) - 1) / (max_rows - 1)
+        keep = {round(i * step) for i in range(max_rows)}
+        if selected is not None:
+            keep.add(selected.index)
+        rows = [p for p in rows if p.index in keep]
+    ref_t = reference.time_s if reference else None
+    ref_e = reference.energy_j if reference else None
+    for p in rows:
+        ts, es = _saving(ref_t, p.predicted_time_s), _saving(ref_e, p.predicted_energy_j)
+        mark = "selected" if selected is not None and p.index == selected.index else ""
+        table.add_row(f"plan {p.index:03d}", f"{p.predicted_time_s:.4f}", f"{p.predicted_energy_j:.1f}",
+                      "-" if ts is None else f"{ts:+.2f}%", "-" if es is None else f"{es:+.2f}%", mark,
+                      style="green" if mark else None)
+    return table

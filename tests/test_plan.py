@@ -1,0 +1,171 @@
+"""Execution plans: construction, YAML round trip and validation, selection rules, event simulation."""
+from __future__ import annotations
+
+import pytest
+
+from kareus.compose import KareusComposer, KareusComposerConfig, pipeline_dag
+from kareus.compose.microbatch import InstructionOption
+from kareus.compose.synthetic import synthetic_options
+from kareus.plan import (
+    PlanConfig, PlanFormatError, PlanSelectionError, SelectRule, frontier_table, load_plan, make_plans,
+    plan_energy, reference_point, save_plan, select_plan, simulate_plan, write_run_outputs,
+)
+from kareus.types import Candidate, Direction, InstructionWork, Partitioning
+
+F, B = Direction.FWD, Direction.BWD
+S, M = 3, 5
+
+
+def _with_choices(options):
+    """Give every option a partition configuration so plans carry slots and SMs."""
+    out = {}
+    for key, opts in options.items():
+        name = f"{key[1].value}_attn"
+        out[key] = [InstructionOption(o.time_s, o.dynamic_energy_j, o.freq_mhz,
+                                      {name: Candidate(name, "linear_1" if j % 2 else "sequential", 8 + 4 * (j % 3),
+                                                       o.freq_mhz)})
+                    for j, o in enumerate(opts)]
+    return out
+
+
+@pytest.fixture(scope="module")
+def frontier():
+    dag = pipeline_dag("1f1b", S, M)
+    opts = _with_choices(synthetic_options(S, seed=3))
+    return KareusComposer(KareusComposerConfig(num_deadlines=12)).compose(dag, opts, 75.0, 4, S)
+
+
+@pytest.fixture(scope="module")
+def plans(frontier):
+    part = Partitioning(types=(), work=tuple(InstructionWork(s, d, ((f"{d.value}_attn", 7),))
+                                             for s in range(S) for d in (F, B)))
+    return make_plans(frontier, part, config_hash="abc123", hardware="sim:a100")
+
+
+def test_one_plan_per_frontier_point_with_predictions(frontier, plans):
+    assert len(plans) == len(frontier) > 3
+    for p, point in zip(plans, frontier):
+        assert (p.predicted_time_s, p.predicted_energy_j) == (point.time_s, point.energy_j)
+        assert p.config_hash == "abc123" and p.hardware == "sim:a100" and p.schema_version == 1
+        for s in range(S):
+            for d in (F, B):
+                covered = sorted(m for ins in p.stages[s].instructions if ins.direction == d.value
+                                 for m in ins.microbatches)
+                assert covered == list(range(M))  # every microbatch exactly once
+        ins = p.instruction(1, 2, B)
+        assert ins.partitions[0].partition == "bwd_attn" and ins.partitions[0].count == 7
+    # Perseus-style savings: some plan runs one (stage, direction) at different clocks per microbatch
+    assert any(len({i.freq_mhz for i in st.instructions if i.direction == "fwd"}) > 1
+               for p in plans for st in p.stages)
+
+
+def test_plan_time_equals_event_simulation_and_energy_matches(plans):
+    """Independent event simulation (stage queues + hand-off rules), not the composer's DAG sweep."""
+    for p in plans:
+        sim = simulate_plan(p)
+        assert sim.time_s == pytest.approx(p.predicted_time_s, rel=1e-12)
+        assert plan_energy(p, sim.time_s) == pytest.approx(p.predicted_energy_j, rel=1e-12)
+        # 1F1B order on stage 0: forwards of the warm-up precede the first backward
+        assert sim.start[(0, S - 1, "fwd")] < sim.start[(0, 0, "bwd")]
+
+
+def test_event_simulation_uses_the_given_durations(plans):
+    p = plans[0]
+    slow = simulate_plan(p, duration=lambda ins, mb: ins.time_s * 2)
+    assert slow.time_s == pytest.approx(2 * p.predicted_time_s)
+
+
+def test_round_trip(tmp_path, plans):
+    for p in plans[:3]:
+        path = save_plan(p, tmp_path / f"p{p.index}.yaml")
+        assert load_plan(path) == p
+
+
+@pytest.mark.parametrize("mutate,match", [
+    (lambda t: t.replace("schema_version: 1", "schema_version: 99"), "schema_version 99"),
+    (lambda t: t.replace("hardware: sim:a100", "hardware: sim:a100\nextra: 1"), "unknown key"),
+    (lambda t: t.replace("num_stages: 3", "num_stages: three"), "num_stages: expected an integer"),
+    (lambda t: t.replace("config_hash: abc123\n", ""), "missing key 'config_hash'"),
+    (lambda t: t.replace("direction: fwd", "direction: sideways", 1), "is not fwd or bwd"),
+    (lambda t: t + "\n: [unclosed", "not valid YAML"),
+    (lambda t: "!!python/object/apply:os.system ['echo hacked']\n", "not valid YAML"),
+    (lambda t: "- just\n- a list\n", "expected a mapping"),
+])
+def test_bad_plan_files_fail_clearly(tmp_path, plans, mutate, match):
+    path = save_plan(plans[0], tmp_path / "p.yaml")
+    path.write_text(mutate(path.read_text()))
+    with pytest.raises(PlanFormatError, match=match):
+        load_plan(path)
+
+
+def test_missing_file_is_a_plan_error(tmp_path):
+    with pytest.raises(PlanFormatError, match="cannot read"):
+        load_plan(tmp_path / "absent.yaml")
+
+
+def test_selection_rules(plans):
+    fastest = min(plans, key=lambda p: p.predicted_time_s)
+    cheapest = min(plans, key=lambda p: p.predicted_energy_j)
+    assert select_plan(plans) is fastest
+    assert select_plan(plans, PlanConfig(select=SelectRule.max_throughput)) is fastest
+    assert select_plan(plans, PlanConfig(select=SelectRule.min_energy)) is cheapest
+    mid = plans[len(plans) // 2]
+    got = select_plan(plans, PlanConfig(deadline_s=mid.predicted_time_s))
+    assert got.predicted_time_s <= mid.predicted_time_s
+    assert got.predicted_energy_j == min(p.predicted_energy_j for p in plans
+                                         if p.predicted_time_s <= mid.predicted_time_s)
+    got = select_plan(plans, PlanConfig(energy_budget_j=mid.predicted_energy_j))
+    assert got.predicted_energy_j <= mid.predicted_energy_j
+    assert got.predicted_time_s == min(p.predicted_time_s for p in plans
+                                       if p.predicted_energy_j <= mid.predicted_energy_j)
+    # a generous deadline buys the cheapest plan, a generous budget the fastest
+    assert select_plan(plans, PlanConfig(deadline_s=1e9)) is cheapest
+    assert select_plan(plans, PlanConfig(energy_budget_j=1e12)) is fastest
+
+
+def test_infeasible_requests_say_how_far_off(plans):
+    fastest = min(p.predicted_time_s for p in plans)
+    with pytest.raises(PlanSelectionError) as e:
+        select_plan(plans, PlanConfig(deadline_s=fastest * 0.9))
+    msg = str(e.value)
+    assert "\n" not in msg and "fastest plan takes" in msg and f"{fastest - fastest * 0.9:.4g} s" in msg
+    least = min(p.predicted_energy_j for p in plans)
+    with pytest.raises(PlanSelectionError) as e:
+        select_plan(plans, PlanConfig(energy_budget_j=least * 0.5))
+    assert "least-energy plan uses" in str(e.value) and "(100.00%) over" in str(e.value)
+    with pytest.raises(PlanSelectionError, match="no execution plans"):
+        select_plan([], PlanConfig())
+    with pytest.raises(PlanSelectionError, match="exclusive"):
+        select_plan(plans, PlanConfig(deadline_s=1.0, energy_budget_j=1.0))
+
+
+def test_plan_config_problems():
+    assert PlanConfig().problems() == []
+    assert any("positive" in p for p in PlanConfig(deadline_s=0.0).problems())
+    assert any("positive" in p for p in PlanConfig(energy_budget_j=-1.0).problems())
+    assert len(PlanConfig(deadline_s=-1.0, energy_budget_j=-2.0).problems()) == 3
+
+
+def test_run_outputs_and_table(tmp_path, frontier, plans):
+    dag = frontier.dag
+    top = {k: max(v, key=lambda o: o.freq_mhz) for k, v in frontier.options.items()}
+    ref = reference_point(dag, top, 75.0, 4, S)
+    chosen = select_plan(plans, PlanConfig(select=SelectRule.min_energy))
+    out = write_run_outputs(tmp_path, plans, chosen, ref)
+    rows = out["frontier_iteration"].read_text().strip().splitlines()
+    assert rows[0].startswith("plan,time_s,energy_j") and rows[1].startswith("megatron_reference")
+    assert len(rows) == len(plans) + 2
+    assert len(list((tmp_path / "plans").glob("plan_*.yaml"))) == len(plans)
+    assert load_plan(tmp_path / "plan_selected.yaml") == chosen
+    from rich.console import Console
+
+    console = Console(record=True, width=140)
+    console.print(frontier_table(plans, ref, chosen, max_rows=6))
+    text = console.export_text()
+    assert "Megatron" in text and "selected" in text and "%" in text
+
+
+def test_plan_schema_is_registered_for_hydra():
+    from kareus.config.store import _EXTRA
+
+    assert _EXTRA[("plan", "default")] is PlanConfig
