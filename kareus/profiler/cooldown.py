@@ -2,6 +2,13 @@
 
 Each policy is registered in ``COOLDOWNS`` with its config dataclass; ``cool(backend)`` idles the
 backend (real sleep on GPUs, virtual time on the simulated GPU) and returns the seconds it idled.
+
+Policies that correct instead of wait may also implement optional hooks the profiler looks for:
+``calibrate(backend, read_at)`` (a one-off probe, ``compensated``), ``before_window(backend,
+read_ops_at, mhz)`` (anchor windows in the stream, ``thermal``), ``observe(reading, start_c, end_c,
+idle_c)`` (every window's temperatures) and ``excess_energy(reading, start_c, idle_c)`` (the
+residual-heat energy per execution to subtract; raw readings are kept), plus ``state()`` /
+``load_state()`` so the journal keeps what they learned.
 """
 from __future__ import annotations
 
@@ -11,6 +18,7 @@ from typing import Any, Protocol
 
 from kareus.hardware.base import HardwareBackend
 from kareus.registry import COOLDOWNS
+from kareus.types import Op, OpKind
 
 
 class CooldownPolicy(Protocol):
@@ -303,3 +311,266 @@ class CompensatedCooldown:
         w = max(reading.window_s, 1e-9)
         mean_excess = d0 * self.tau / w * (1.0 - math.exp(-w / self.tau))
         return self.slope_at(reading.freq_mhz) * mean_excess * reading.time_s
+
+
+# The anchor workload: one tiny kernel issued back to back, so the GPU draws almost only static power.
+# Leakage depends on voltage (the clock) and temperature, not on the workload; measured where dynamic
+# power and its noise are smallest, a few seconds of it pin the leakage down far better than a busy window.
+ANCHOR_OPS = (Op("leakage_anchor", OpKind.ELEMENTWISE, flops=0.0, bytes=4096.0),)
+
+
+@dataclass
+class ThermalCooldownConfig:
+    """Measure warm, correct to cold: leakage anchors taken in the stream plus a fitted thermal model.
+
+    No upfront probe and no waiting. Before a candidate's window the policy may run short *anchor*
+    windows of a near-empty kernel (``ANCHOR_OPS``): its power is the GPU's static power, which grows
+    with temperature. Anchors at one reference clock, taken first on the cold GPU and then whenever the
+    running GPU is hotter than any anchor so far, fit the relative leakage coefficient ``c`` (per degree
+    C, the same at every clock to first order: leakage current ~ exp(T), so dP/dT ~ P_static); one
+    anchor at each clock the candidates use gives that clock's static level ``S(f)``, so the slope at a
+    clock is ``c * S(f)``. The stream of windows (start and end temperature, power) fits the thermal
+    time constant. A window starting ``dT0`` above idle then runs on average ``dT0 * tau/W * (1 -
+    exp(-W/tau))`` hotter than a fully cooled one, and that leakage energy is subtracted: the raw
+    readings stay in the measurement and the journal, the corrected value is what the measurement
+    carries (flag ``thermal:<pct>``); the anchors are kept in the journal for a resumed run.
+    """
+
+    name: str = "thermal"
+    seconds: float = 0.0  # idle after each candidate anyway
+    anchor_window_s: float = 3.0  # one anchor window (30 periods of a ~0.1 s energy counter)
+    reference_mhz: int = 0  # clock of the leakage-coefficient anchors; 0 = the top clock
+    growth: float = 1.5  # re-anchor when the GPU runs this many times hotter (above idle) than any anchor ...
+    min_step_c: float = 2.0  # ... and at least this many degrees hotter
+    target_rel_se: float = 0.04  # keep adding hot anchors while c's relative standard error exceeds this
+    hot_frac: float = 0.75  # such extra anchors only when the GPU is this close to its hottest so far
+    max_anchors: int = 30  # cap on anchor windows per GPU (reference and per-clock together)
+    per_clock: bool = True  # anchor every clock a candidate uses; False: interpolate S(f) between anchors
+    max_failed_anchors: int = 3  # stop anchoring after this many failed anchor reads (backend without ops)
+    noise_floor: float = 0.005  # assumed relative noise of one anchor window while too few to estimate it
+    tau_s: float = 25.0  # thermal time constant until the stream has enough windows to fit one
+    min_fit_windows: int = 8  # windows before the time constant is fitted
+
+    def problems(self, ctx: Any = None) -> list[str]:
+        out = []
+        if self.seconds < 0:
+            out.append(f"seconds={self.seconds} must be >= 0")
+        if self.anchor_window_s <= 0 or self.tau_s <= 0:
+            out.append("anchor_window_s and tau_s must be > 0")
+        if self.growth < 1 or self.min_step_c < 0:
+            out.append("growth must be >= 1 and min_step_c >= 0")
+        if not 0 < self.hot_frac <= 1 or self.target_rel_se <= 0 or self.noise_floor <= 0:
+            out.append("hot_frac must be in (0, 1], target_rel_se and noise_floor > 0")
+        if self.max_anchors < 2 or self.min_fit_windows < 3 or self.max_failed_anchors < 0:
+            out.append("max_anchors >= 2, min_fit_windows >= 3 and max_failed_anchors >= 0 are required")
+        return out
+
+
+def window_mean(t0: float, t1: float, w: float, tau: float) -> float:
+    """Mean temperature of a window that relaxed exponentially from ``t0`` to ``t1`` over ``w`` s."""
+    decay = math.exp(-w / tau)
+    if decay >= 1.0 - 1e-12:
+        return 0.5 * (t0 + t1)
+    target = (t1 - t0 * decay) / (1.0 - decay)
+    return target + (t0 - target) * tau / w * (1.0 - decay)
+
+
+def fit_tau(windows: list[tuple[float, float, float, float]], prior: float) -> float:
+    """Thermal time constant from windows ``(t0, t1, w, power)``: ``t1 = t0 d + (1 - d)(A + R p)``.
+
+    ``d = exp(-w/tau)``; ``A`` (ambient) and ``R`` (thermal resistance) are nuisance parameters solved
+    by least squares for each ``tau`` on a log grid; the best ``tau`` wins. No GPU time: it uses the
+    windows the profiler measures anyway.
+    """
+    import numpy as np
+
+    if len(windows) < 3:
+        return prior
+    a = np.asarray(windows, dtype=float)
+    t0, t1, w, p = a[:, 0], a[:, 1], a[:, 2], a[:, 3]
+    if np.ptp(p) <= 0 or np.ptp(t0) <= 0:
+        return prior
+    taus = np.geomspace(1.0, 400.0, 161)
+    d = np.exp(-w[None, :] / taus[:, None])  # one row per candidate tau
+    y = t1[None, :] - t0[None, :] * d
+    u, v = 1.0 - d, (1.0 - d) * p[None, :]  # y = A u + (A R) v: two-parameter least squares per row
+    suu, suv, svv = (u * u).sum(1), (u * v).sum(1), (v * v).sum(1)
+    suy, svy = (u * y).sum(1), (v * y).sum(1)
+    det = suu * svv - suv * suv
+    ok = det > 1e-12 * np.maximum(suu * svv, 1e-300)
+    safe = np.where(ok, det, 1.0)
+    a = (svv * suy - suv * svy) / safe
+    b = (suu * svy - suv * suy) / safe
+    sse = np.where(ok, ((y - a[:, None] * u - b[:, None] * v) ** 2).sum(1), np.inf)
+    if not np.isfinite(sse).any():
+        return prior
+    return float(taus[int(np.argmin(sse))])
+
+
+@COOLDOWNS.register("thermal", ThermalCooldownConfig)
+class ThermalCooldown:
+    """No cooldown; leakage anchors in the stream and a thermal model remove the residual heat's energy."""
+
+    def __init__(self, cfg: ThermalCooldownConfig) -> None:
+        self.cfg = cfg
+        self.tau = cfg.tau_s
+        self.coeff: float | None = None  # relative leakage rise per degree C above idle
+        self.coeff_rel_se = math.inf
+        self.static: dict[int, float] = {}  # clock -> anchor power at the idle temperature (W)
+        self.anchors: list[dict] = []  # {"mhz", "t0", "t1", "w", "p", "idle"}
+        self.windows: list[tuple[float, float, float, float]] = []  # (t0, t1, w, power) for the tau fit
+        self.hottest_c = 0.0  # largest excess over idle any window started at
+        self.anchor_seconds = 0.0  # GPU-time the anchors took (not counting the re-lock after them)
+        self.failed_anchors = 0
+
+    def cool(self, backend: HardwareBackend) -> float:
+        if self.cfg.seconds > 0:
+            backend.idle(self.cfg.seconds)
+        return self.cfg.seconds
+
+    # -- anchors ---------------------------------------------------------------------------------
+    def reference_mhz(self, backend: HardwareBackend) -> int:
+        return int(self.cfg.reference_mhz) if self.cfg.reference_mhz else int(backend.gpu.max_mhz)
+
+    def before_window(self, backend: HardwareBackend, read_ops_at, mhz: int) -> int:
+        """Run the anchor windows this moment calls for; ``read_ops_at(mhz, ops, window_s) -> Reading``.
+
+        Returns how many were taken (the profiler re-locks the candidate's clock after any).
+        """
+        cfg = self.cfg
+        idle = backend.idle_temperature()
+        ref = self.reference_mhz(backend)
+        x_now = backend.temperature() - idle
+        taken = 0
+        began = backend.now()
+        ref_x0 = [a["t0"] - a["idle"] for a in self.anchors if a["mhz"] == ref]
+        if not ref_x0:
+            taken += self._take(backend, read_ops_at, ref)
+        elif x_now >= max(max(ref_x0) * cfg.growth, max(ref_x0) + cfg.min_step_c):
+            taken += self._take(backend, read_ops_at, ref)
+        elif (self.coeff_rel_se > cfg.target_rel_se and x_now >= cfg.min_step_c
+              and x_now >= cfg.hot_frac * max(self.hottest_c, max(ref_x0))):
+            taken += self._take(backend, read_ops_at, ref)
+        if cfg.per_clock and int(mhz) not in {a["mhz"] for a in self.anchors}:
+            taken += self._take(backend, read_ops_at, int(mhz))
+        self.anchor_seconds += backend.now() - began
+        if taken:
+            self._fit()
+        return taken
+
+    def _take(self, backend: HardwareBackend, read_ops_at, mhz: int) -> int:
+        if len(self.anchors) >= self.cfg.max_anchors or self.failed_anchors >= self.cfg.max_failed_anchors:
+            return 0
+        t0 = backend.temperature()
+        try:
+            r = read_ops_at(int(mhz), ANCHOR_OPS, self.cfg.anchor_window_s)
+        except Exception:  # an anchor is optional: a failed one is skipped, the candidate goes on
+            r = None
+        if r is None or not (r.ok and r.time_s > 0 and r.energy_j > 0 and math.isfinite(r.energy_j)
+                             and r.window_s > 0):
+            self.failed_anchors += 1  # a backend that cannot run the anchor kernel stops costing time soon
+            return 0
+        t1 = backend.temperature()
+        p = r.energy_j / r.time_s
+        self.anchors.append({"mhz": int(mhz), "t0": t0, "t1": t1, "w": r.window_s, "p": p,
+                             "idle": backend.idle_temperature()})
+        self.windows.append((t0, t1, r.window_s, p))
+        return 1
+
+    # -- fits ------------------------------------------------------------------------------------
+    def observe(self, reading, start_c: float, end_c: float, idle_c: float) -> None:
+        """A candidate window's temperatures and power: data for the time constant (free)."""
+        if not (reading.ok and reading.time_s > 0 and reading.energy_j > 0 and reading.window_s > 0):
+            return
+        self.hottest_c = max(self.hottest_c, start_c - idle_c)
+        self.windows.append((start_c, end_c, reading.window_s, reading.energy_j / reading.time_s))
+        del self.windows[:-400]
+        if len(self.windows) >= self.cfg.min_fit_windows:
+            self.tau = fit_tau(self.windows, self.cfg.tau_s)
+
+    def _fit(self) -> None:
+        """Relative leakage coefficient ``c`` and static levels ``S(f)``: ``p = S(f) (1 + c x)``."""
+        groups: dict[int, list[tuple[float, float]]] = {}
+        for a in self.anchors:
+            x = window_mean(a["t0"], a["t1"], a["w"], self.tau) - a["idle"]
+            groups.setdefault(a["mhz"], []).append((x, a["p"]))
+
+        def levels(c: float) -> tuple[dict[int, float], float]:
+            s, sse = {}, 0.0
+            for f, pts in groups.items():
+                num = sum(p * (1 + c * x) for x, p in pts)
+                den = sum((1 + c * x) ** 2 for x, _ in pts)
+                s[f] = num / den
+                sse += sum((p - s[f] * (1 + c * x)) ** 2 for x, p in pts)
+            return s, sse
+
+        spread = [max(x for x, _ in pts) - min(x for x, _ in pts) for pts in groups.values() if len(pts) > 1]
+        if not spread or max(spread) < self.cfg.min_step_c:
+            self.coeff, self.coeff_rel_se = None, math.inf
+            self.static = levels(0.0)[0]
+            return
+        lo, hi = 0.0, 0.1  # golden-section search: the SSE is convex in c near its minimum
+        g = (math.sqrt(5) - 1) / 2
+        for _ in range(60):
+            m1, m2 = hi - g * (hi - lo), lo + g * (hi - lo)
+            if levels(m1)[1] <= levels(m2)[1]:
+                hi = m2
+            else:
+                lo = m1
+        c = 0.5 * (lo + hi)
+        s, sse = levels(c)
+        n = sum(len(p) for p in groups.values())
+        dof = n - len(groups) - 1
+        mean_p = sum(a["p"] for a in self.anchors) / n
+        var = max(sse / dof if dof > 0 else 0.0, (self.cfg.noise_floor * mean_p) ** 2)
+        lever = 0.0
+        for f, pts in groups.items():
+            xm = sum(x for x, _ in pts) / len(pts)
+            lever += s[f] ** 2 * sum((x - xm) ** 2 for x, _ in pts)
+        self.coeff = c
+        self.static = s
+        self.coeff_rel_se = math.sqrt(var / lever) / c if lever > 0 and c > 0 else math.inf
+
+    # -- the correction --------------------------------------------------------------------------
+    def slope_at(self, mhz: float) -> float:
+        """Leakage slope (W per degree C) at a clock: ``c * S(f)``, S interpolated between anchors."""
+        if not self.coeff or not self.static:
+            return 0.0
+        pts = sorted(self.static.items())
+        if mhz <= pts[0][0]:
+            s = pts[0][1]
+        elif mhz >= pts[-1][0]:
+            s = pts[-1][1]
+        else:
+            s = pts[-1][1]
+            for (f0, s0), (f1, s1) in zip(pts, pts[1:]):
+                if f0 <= mhz <= f1:
+                    s = s0 + (s1 - s0) * (mhz - f0) / (f1 - f0)
+                    break
+        return self.coeff * s
+
+    def excess_energy(self, reading, start_c: float, idle_c: float) -> float:
+        """Energy per execution the window's residual heat added, against a fully cooled start."""
+        d0 = max(0.0, start_c - idle_c)
+        w = max(reading.window_s, 1e-9)
+        mean_excess = d0 * self.tau / w * (1.0 - math.exp(-w / self.tau))
+        return self.slope_at(reading.freq_mhz) * mean_excess * reading.time_s
+
+    # -- journal state and report ------------------------------------------------------------------
+    def state(self) -> dict:
+        return {"anchors": self.anchors, "windows": [list(w) for w in self.windows[-400:]],
+                "hottest_c": self.hottest_c}
+
+    def load_state(self, state: dict) -> None:
+        self.anchors = [dict(a) for a in state.get("anchors", [])]
+        self.windows = [tuple(w) for w in state.get("windows", [])]  # type: ignore[misc]
+        self.hottest_c = float(state.get("hottest_c", 0.0))
+        if len(self.windows) >= self.cfg.min_fit_windows:
+            self.tau = fit_tau(self.windows, self.cfg.tau_s)
+        self._fit()
+
+    def report(self) -> dict:
+        return {"anchors": len(self.anchors), "failed_anchors": self.failed_anchors,
+                "anchor_gpu_seconds": self.anchor_seconds, "tau_s": self.tau,
+                "leak_coeff_per_c": self.coeff, "leak_coeff_rel_se": self.coeff_rel_se,
+                "static_w": {str(k): v for k, v in sorted(self.static.items())}}

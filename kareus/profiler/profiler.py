@@ -5,6 +5,10 @@ Protocol per candidate (every step a ``profiler:`` value): cool down (policy), l
 ``target_window_s`` of back-to-back executions, read energy over ``repeats`` windows, drop MAD
 outliers, aggregate. Each result is committed to the journal before the search sees it; candidates
 already in the journal are answered from it at no cost (``CandidateMeasured(cached=True)``).
+A cooldown policy that corrects the heat instead of waiting for it may probe once, run anchor
+windows before a candidate's window, observe every window and subtract residual-heat energy (see
+cooldown.py); the measurement then carries the corrected value and a ``thermal:`` flag, its
+readings stay raw.
 """
 from __future__ import annotations
 
@@ -57,6 +61,7 @@ class Profiler:
         self._spent: dict[str, float] = {}
         self._index: dict[str, int] = {}
         self.measured = 0  # candidates actually measured by this instance (not answered from the journal)
+        self._anchor_state_loaded = False
 
     # -- the searcher's view ---------------------------------------------------------------------
     def evaluator(self, partition: PartitionType) -> Evaluate:
@@ -150,6 +155,7 @@ class Profiler:
             if not math.isfinite(per) or per <= 0:
                 return Measurement.failure(cand, f"calibration: execution time {per!r}")
             self._thermal_probe(partition, cand)
+            self._anchor(cand)
             n = min(max(1, math.ceil(cfg.target_window_s / per)), cfg.max_executions)
             window = max(n * per, cfg.min_window_s)
             return self._windows(cand, lambda w: backend.measure(partition, cand, w), window)
@@ -178,6 +184,35 @@ class Profiler:
         if self.journal is not None:
             self.journal.set_meta(key, json.dumps(self.cooldown.state()))
 
+    def _anchor(self, cand: Candidate) -> None:
+        """Let a cooldown policy that learns in the stream run its anchor windows before this window.
+
+        ``before_window(backend, read_ops_at, mhz)`` returns how many it ran; the candidate's clock is
+        then locked again (with the settle time). Its state is kept in the journal after each change.
+        """
+        hook = getattr(self.cooldown, "before_window", None)
+        if hook is None:
+            return
+        key = f"thermal:{self.backend.name}:{type(self.cooldown).__name__}"
+        if self.journal is not None and not self._anchor_state_loaded:
+            self._anchor_state_loaded = True
+            saved = self.journal.get_meta(key)
+            if saved is not None:  # anchors taken before a resume (or by an earlier search on this GPU)
+                self.cooldown.load_state(json.loads(saved))
+
+        def read_ops_at(mhz: int, ops: Sequence[Op], window_s: float) -> Reading:
+            self.frequency.set(int(mhz))
+            return self.backend.measure_ops(ops, window_s)
+
+        taken = 0
+        try:
+            taken = hook(self.backend, read_ops_at, int(cand.freq_mhz))
+        finally:
+            if taken or self.backend.clock() != int(cand.freq_mhz):
+                self._lock(cand.freq_mhz)
+        if taken and self.journal is not None:
+            self.journal.set_meta(key, json.dumps(self.cooldown.state()))
+
     def _windows(self, cand: Candidate, read: Callable[[float], Reading], window: float) -> Measurement:
         cfg = self.cfg
         good: list[Reading] = []
@@ -185,6 +220,7 @@ class Profiler:
         excess: list[float] = []
         retried = 0
         correct = getattr(self.cooldown, "excess_energy", None)
+        observe = getattr(self.cooldown, "observe", None)
         for r in range(cfg.repeats):
             if r > 0 and cfg.cooldown_between_repeats:
                 self.cooldown.cool(self.backend)
@@ -195,6 +231,8 @@ class Profiler:
                 why = seen[-1].error if seen and seen[-1].error else "invalid reading"
                 return Measurement.failure(cand, f"read failed after {cfg.retries + 1} tries: {why}", tuple(seen))
             good.append(reading)
+            if observe is not None:
+                observe(reading, start_c, self.backend.temperature(), self.backend.idle_temperature())
             excess.append(correct(reading, start_c, self.backend.idle_temperature()) if correct else 0.0)
         return self._aggregate(cand, good, retried, excess)
 
