@@ -5,7 +5,7 @@ typed by the schema their own option file selects (see kareus/config/store.py).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any, Optional
 
@@ -35,6 +35,11 @@ class Activation(str, Enum):
     gelu = "gelu"
 
 
+def _plain(cfg: Any) -> dict[str, Any]:
+    """A schema's fields with enums as their values: the keyword arguments of its frozen spec."""
+    return {f.name: (v.value if isinstance(v := getattr(cfg, f.name), Enum) else v) for f in fields(cfg)}
+
+
 @dataclass
 class ModelConfig:
     """A transformer's shape. Add a model by dropping a YAML file with these keys into --config-dir/model."""
@@ -53,13 +58,7 @@ class ModelConfig:
     activation: Activation = Activation.swiglu
 
     def spec(self) -> ModelSpec:
-        return ModelSpec(
-            name=self.name, num_layers=self.num_layers, hidden_size=self.hidden_size,
-            ffn_hidden_size=self.ffn_hidden_size, num_attention_heads=self.num_attention_heads,
-            num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, vocab_size=self.vocab_size,
-            tied_embeddings=self.tied_embeddings, qk_layernorm=self.qk_layernorm,
-            norm=self.norm.value, activation=self.activation.value,
-        )
+        return ModelSpec(**_plain(self))
 
 
 @dataclass
@@ -80,13 +79,9 @@ class ParallelConfig:
     layer_split: Optional[list[int]] = None  # layers per stage; None splits evenly
 
     def spec(self) -> ParallelSpec:
-        return ParallelSpec(
-            tp=self.tp, pp=self.pp, cp=self.cp, dp=self.dp, micro_batch_size=self.micro_batch_size,
-            num_microbatches=self.num_microbatches, seq_len=self.seq_len, nanobatches=self.nanobatches,
-            recompute=self.recompute.value, schedule=self.schedule,
-            sequence_parallel=self.sequence_parallel,
-            layer_split=tuple(self.layer_split) if self.layer_split else None,
-        )
+        kwargs = _plain(self)
+        kwargs["layer_split"] = tuple(self.layer_split) if self.layer_split else None
+        return ParallelSpec(**kwargs)
 
 
 @dataclass
