@@ -142,3 +142,28 @@ def test_comm_waiting_for_dispatch_overlaps_less(cfg):
     ar = Op("ar", OpKind.COMM, collective=Collective.ALL_REDUCE, message_bytes=3e7, group_size=2, link=Link.NVLINK)
     waits = dataclasses.replace(cfg, comm_waits_for_dispatch=True)
     assert simulate(waits, ops, ar, 1410, 8, 0, None).overlap_s < simulate(cfg, ops, ar, 1410, 8, 0, None).overlap_s
+
+
+def test_host_bound_ops_leave_the_gpu_idle(cfg):
+    import dataclasses
+
+    tiny = tuple(Op(f"e{i}", OpKind.ELEMENTWISE, bytes=1e5) for i in range(6))  # microseconds of GPU work
+    fast = simulate(dataclasses.replace(cfg, host_elementwise_s=1e-5, host_tail_s=0.0), tiny, None, 1410, 0, None, None, host_gap=False)
+    slow = simulate(dataclasses.replace(cfg, host_elementwise_s=2e-4, host_tail_s=0.0), tiny, None, 1410, 0, None, None, host_gap=False)
+    assert slow.time_s > 6 * 2e-4 * cfg.host_scale  # the host, not the GPU, sets the pace
+    assert slow.time_s > 5 * fast.time_s
+
+
+def test_comm_issued_by_the_host_starts_before_the_gpu_reaches_its_slot(cfg):
+    import dataclasses
+
+    ops = (Op("g", OpKind.GEMM, flops=4e11, bytes=1e8), Op("m", OpKind.ELEMENTWISE, bytes=1e8))
+    ar = Op("ar", OpKind.COMM, collective=Collective.ALL_REDUCE, message_bytes=3e7, group_size=2, link=Link.NVLINK)
+    gated = dataclasses.replace(cfg, comm_gated=True)
+    free = dataclasses.replace(cfg, comm_gated=False)
+    # gated, launching after the long GEMM overlaps only the short op; issued by the host, the comm
+    # starts while the GEMM still runs, almost as if launched before it
+    assert simulate(gated, ops, ar, 1410, 4, 1, None).time_s > 1.05 * simulate(gated, ops, ar, 1410, 4, 0, None).time_s
+    late, early = simulate(free, ops, ar, 1410, 4, 1, None).time_s, simulate(free, ops, ar, 1410, 4, 0, None).time_s
+    assert late == pytest.approx(early, rel=0.02)
+    assert simulate(free, ops, ar, 1410, 4, 1, None).overlap_s > simulate(gated, ops, ar, 1410, 4, 1, None).overlap_s

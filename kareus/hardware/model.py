@@ -2,14 +2,17 @@
 
 Pure functions of (config, partition, knobs), so the backend can cache them and the fidelity
 benchmark can fit them. One partition execution is an event simulation of three actors: the host
-issuing ops (a kernel cannot start before it is issued), the compute stream, and the comm stream.
-While the comm kernel runs beside a compute kernel, it holds ``sms`` SMs that the compute kernel
-loses (with wave quantization for GEMMs), both draw on HBM, and the comm kernel is slowed by the
-co-running kernel: by ``contention_sm`` beside any kernel, plus ``contention_hbm`` times the
-kernel's HBM load (a streaming kernel queues the comm kernel's latency-bound memory accesses).
-Energy per execution: SM energy follows each kernel's work (activity x f V(f)^2), the comm kernel's
-SMs draw power while it runs, plus HBM and link traffic; static energy (static power x time, scaled
-by voltage and, in the backend, temperature) is added by the caller.
+issuing ops in order (each op kind costs the framework some CPU time; a kernel cannot start before it
+is issued, so host-bound stretches leave the GPU idle), the compute stream, and the comm stream.
+The comm kernel starts when the host issues it or, with ``comm_gated``, once the compute stream has
+finished the ops before its slot; it runs alone while the compute stream idles. While it runs beside a
+compute kernel, it holds ``sms`` SMs that the compute kernel loses (with wave quantization for GEMMs),
+both draw on HBM, and the comm kernel is slowed by the co-running kernel: by ``contention_sm`` beside
+any kernel, plus ``contention_hbm`` times the kernel's HBM load (a streaming kernel queues the comm
+kernel's latency-bound memory accesses). Energy per execution: SM energy follows each kernel's work
+(activity x f V(f)^2), the comm kernel's SMs draw power while it runs, plus HBM and link traffic;
+static energy (static power x time, scaled by voltage and, in the backend, temperature) is added by
+the caller.
 """
 from __future__ import annotations
 
@@ -110,6 +113,22 @@ def _activity(cfg, op: Op) -> float:
     return cfg.act_memory
 
 
+def host_cost(cfg, op: Op) -> float:
+    """Host (CPU) time to issue one op: the framework's Python code plus its kernel launches."""
+    k = op.kind
+    if k is OpKind.GEMM:
+        h = cfg.host_gemm_s
+    elif k is OpKind.ATTENTION:
+        h = cfg.host_attention_s
+    elif k is OpKind.NORM:
+        h = cfg.host_norm_s
+    elif k is OpKind.ROPE:
+        h = cfg.host_rope_s
+    else:
+        h = cfg.host_elementwise_s
+    return h * cfg.host_scale
+
+
 def simulate(
     cfg, compute: Sequence[Op], comm: Op | None, mhz: int, sms: int, start: int | None, join: int | None,
     host_gap: bool = True, ideal: bool = False,
@@ -118,60 +137,90 @@ def simulate(
 
     ``start=None`` runs the comm alone before the chain (sequential); ``comm=None`` runs the chain only.
     ``ideal=True`` is the contention-free baseline: overlapped streams neither share SMs nor HBM.
+
+    Three actors: the host issues ops in order (``host_cost`` each) and never blocks inside a call; a
+    kernel starts once it is issued and its stream is free, so host-bound stretches leave the GPU idle.
+    The comm kernel starts when the host issues it (``comm_gated``: only after op ``start - 1`` ends on
+    the GPU), runs alone while the compute stream idles, and the op after ``join`` waits for it.
     """
     n = len(compute)
-    fr_pw = sm_power_scale(cfg, mhz)
-    psm = cfg.p_sm_w * fr_pw  # W of all SMs at activity 1
+    psm = cfg.p_sm_w * sm_power_scale(cfg, mhz)  # W of all SMs at activity 1
     total_sms = cfg.sms
-    h = cfg.host_launch_s
+    lat = cfg.launch_latency_s
     c_alone = comm_time(cfg, comm, sms, mhz) if comm is not None else 0.0
+    has_comm = c_alone > 0
     traffic = comm_traffic(comm)[0] if comm is not None else 0.0
-    comm_hbm_rate = traffic * cfg.comm_hbm_per_byte / c_alone if c_alone > 0 else 0.0
+    comm_hbm_rate = traffic * cfg.comm_hbm_per_byte / c_alone if has_comm else 0.0
     hbm_eff = cfg.hbm_gbps * 1e9 * cfg.eff_memory
+    comm_w = psm * cfg.act_comm * sms / total_sms  # W of the comm kernel's SMs
+    seq = has_comm and (start is None or n == 0)
     if join is not None and join >= n - 1:
         join = None  # joined at the chain's end: the comm may run on through the host gap
+    # the host's issue times (it runs ahead of the GPU; only the end-of-call sync waits)
+    host = 0.0
+    comm_issue = 0.0
+    issue = []
+    h_comm = cfg.host_comm_s * cfg.host_scale
+    if seq:
+        host += h_comm
+        comm_issue = host
+    for k, op in enumerate(compute):
+        if has_comm and not seq and k == start:
+            host += h_comm
+            comm_issue = host
+        host += host_cost(cfg, op)
+        issue.append(host)
+    host_end = host + cfg.host_tail_s * cfg.host_scale
+    ready = comm_issue + lat if (seq or (has_comm and not cfg.comm_gated)) else math.inf
+    rem = c_alone  # comm work left, in seconds of running alone
+    comm_end = 0.0
     dyn = 0.0
     hbm_bytes = traffic * cfg.comm_hbm_per_byte
     overlap = exposed = 0.0
-    comm_sm_j = psm * cfg.act_comm * sms / total_sms  # W of the comm kernel's SMs
+    t = 0.0  # the compute stream is free from t
 
-    host = 0.0
-    t = 0.0
-    rem = 0.0  # comm work left, in seconds of running alone
-    if comm is not None and c_alone > 0 and (start is None or n == 0):
-        host += h
-        t = host + c_alone
-        exposed += c_alone
-        dyn += comm_sm_j * c_alone
-        start = -1
-    for k, op in enumerate(compute):
-        if comm is not None and k == start and c_alone > 0:
-            host += h
-            t = max(t, host)
-            rem = c_alone
-        host += h
-        begin = max(t, host)
-        if rem > 0.0 and begin > t:  # compute stream idle: the comm runs alone
-            d = min(rem, begin - t)
+    def run_alone(t0: float, t1: float) -> None:
+        """The compute stream idles in [t0, t1): the comm, if started, runs alone."""
+        nonlocal rem, exposed, dyn, comm_end
+        a = max(t0, ready)
+        if rem > 0.0 and t1 > a:
+            d = min(rem, t1 - a)
             rem -= d
             exposed += d
-            dyn += comm_sm_j * d
+            dyn += comm_w * d
+            if rem <= 0.0:
+                rem = 0.0
+                comm_end = a + d
+
+    for k, op in enumerate(compute):
+        if has_comm and not seq and k == start and cfg.comm_gated:
+            ready = max(comm_issue + lat, t)
+        if has_comm and ((seq and k == 0) or (join is not None and k == join + 1)):
+            run_alone(t, math.inf)  # the op after the join waits for the comm
+            begin = max(t, issue[k] + lat, comm_end)
+        else:
+            begin = max(t, issue[k] + lat)
+            run_alone(t, begin)
         act = _activity(cfg, op)
         hbm_bytes += op.bytes
         tc, tm = op_times(cfg, op, mhz, total_sms)
         t_full = max(tc, tm)
         # SM energy follows the work, not the occupancy: SMs idle in a partial wave draw little
         dyn += psm * act * t_full
+        now = begin
         work = 1.0
-        dur = 0.0
-        if rem > 0.0 and k == start and cfg.comm_waits_for_dispatch and op.kind in TENSOR_KINDS and not ideal:
-            # launched beside a kernel that fills every SM, the comm's blocks wait for its last wave
-            waves = math.ceil(max(1.0, math.ceil(op.flops / cfg.gemm_tile_flops)) / total_sms)
-            if waves > 1:
-                pre = (waves - 1) / waves
-                dur = pre * t_full
-                work -= pre
-        if rem > 0.0:
+        if rem > 0.0 and ready > now:  # the comm starts during this op (or later)
+            d = min(ready - now, t_full)
+            work -= d / t_full
+            now += d
+        if rem > 0.0 and work > 1e-12:
+            if k == start and cfg.comm_waits_for_dispatch and op.kind in TENSOR_KINDS and not ideal:
+                # launched beside a kernel that fills every SM, the comm's blocks wait for its last wave
+                waves = math.ceil(max(1.0, math.ceil(op.flops / cfg.gemm_tile_flops)) / total_sms)
+                if waves > 1:
+                    pre = (waves - 1) / waves * work
+                    now += pre * t_full
+                    work -= pre
             if ideal:
                 kappa, tc2, tm2 = 0.0, tc, tm
             else:
@@ -181,39 +230,35 @@ def simulate(
                 tc2, tm2 = op_times(cfg, op, mhz, total_sms - sms, 1.0 + comm_hbm_rate * (1.0 - kappa) / hbm_eff)
             crate = max(1e-6, 1.0 - kappa)  # comm progress per second, relative to running alone
             t_cont = max(tc2, tm2) * work
-            t_comm_left = rem / crate
-            if t_comm_left >= t_cont:
+            t_left = rem / crate
+            if t_left >= t_cont:
                 rem -= t_cont * crate
-                dur += t_cont
+                now += t_cont
                 overlap += t_cont
-                dyn += comm_sm_j * t_cont
+                dyn += comm_w * t_cont
+                if rem <= 1e-15:
+                    rem = 0.0
+                    comm_end = now
             else:
-                rest = (1.0 - t_comm_left / t_cont) * t_full * work
-                dur += t_comm_left + rest
+                now += t_left
+                overlap += t_left
+                dyn += comm_w * t_left
                 rem = 0.0
-                overlap += t_comm_left
-                dyn += comm_sm_j * t_comm_left
+                comm_end = now
+                now += (1.0 - t_left / t_cont) * t_full * work
         else:
-            dur += t_full * work
-        t = begin + dur
-        if k == join and rem > 0.0:
-            exposed += rem
-            dyn += comm_sm_j * rem
-            t += rem
-            rem = 0.0
+            now += t_full * work
+        t = now
     # Between executions the GPU idles for the framework's per-call host work (``host_gap_s``); a comm
-    # joined at the chain's end keeps running through it, uncontended.
+    # joined at the chain's end keeps running through it.
     gap = cfg.host_gap_s if host_gap else 0.0
+    end = max(t, host_end)
     if rem > 0.0:
-        if rem > gap:
-            exposed += rem - gap
-        dyn += comm_sm_j * rem
-        t += max(rem, gap)
-    else:
-        t += gap
-    t = max(t, host)
+        run_alone(t, math.inf)
+        exposed -= max(0.0, min(comm_end, end + gap) - max(end, ready))  # hidden in the gap
+    total = max(end + gap, comm_end)
     dyn += hbm_bytes * cfg.hbm_pj_per_byte * 1e-12 + traffic * cfg.link_pj_per_byte * 1e-12
-    return Outcome(t, dyn, voltage_ratio(cfg, mhz), int(mhz), overlap, exposed)
+    return Outcome(total, dyn, voltage_ratio(cfg, mhz), int(mhz), overlap, exposed)
 
 
 def simulate_partition(cfg, partition: PartitionType, slot: str, sms: int, mhz: int) -> Outcome:

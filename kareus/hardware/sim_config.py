@@ -2,7 +2,7 @@
 
 Every default is the A100-SXM4-40GB (as conf/hardware/a100_sim.yaml, which gives each value's
 source). Seven are fitted by benchmarks/sim_fidelity.py to the real A100 table: host_gap_s,
-comm_sm_gbps, comm_link_eff, contention_sm, contention_hbm, eff_memory, p_sm_w.
+host_scale, comm_sm_gbps, comm_link_eff, contention_sm, contention_hbm, p_sm_w.
 """
 from __future__ import annotations
 
@@ -19,26 +19,35 @@ class SimConfig(GPUConfig):
     # kernels: fraction of the roofline a kernel kind reaches on the whole GPU at the top clock
     eff_gemm: float = 0.75
     eff_attention: float = 0.55
-    eff_memory: float = 0.2387  # fraction of HBM bandwidth a streaming kernel reaches
+    eff_memory: float = 0.5  # fraction of HBM bandwidth a streaming kernel reaches
     vector_tflops: float = 19.5  # CUDA-core rate used by non-tensor kernels (their FLOPs are small)
     gemm_tile_flops: float = 6.7e7  # FLOPs of one GEMM tile (128x128 outputs, K=2048): wave quantization
     memory_sat_frac: float = 0.5  # fraction of SMs a streaming kernel needs to saturate HBM
-    host_launch_s: float = 1.0e-5  # host time to issue one op (framework + launch); GPU idles if it is slower
-    host_start_s: float = 0.0  # host time per call before its first op is issued (GPU idle)
-    host_gap_s: float = 4.856e-4  # GPU idle per execution while the framework's host code runs (between calls)
+    # host: time the framework's Python code takes to issue one op, by kind (kernels start once issued)
+    host_gemm_s: float = 8.0e-5  # a Transformer Engine linear (module code + cuBLASLt launch)
+    host_attention_s: float = 1.5e-4  # Transformer Engine dot-product attention (backend selection + launch)
+    host_norm_s: float = 6.0e-5  # a fused layernorm / RMSNorm op
+    host_elementwise_s: float = 8.0e-5  # a few eager PyTorch elementwise / reshape ops
+    host_rope_s: float = 3.0e-4  # unfused rotary embedding: ~16-20 eager PyTorch ops on q and k
+    host_comm_s: float = 3.0e-5  # launching the comm kernel on its stream
+    host_tail_s: float = 3.0e-4  # per-call host work after the last op is issued (overlaps GPU work)
+    host_scale: float = 1.404  # common factor on the host times above (the host CPU's speed)
+    launch_latency_s: float = 5.0e-6  # from issue to the kernel running on an idle GPU
+    host_gap_s: float = 9.667e-4  # GPU idle per execution while the framework's host code runs (between calls)
+    comm_gated: bool = True  # the comm waits on the GPU for op start-1 (else it starts when the host issues it)
     comm_waits_for_dispatch: bool = False  # a comm launched beside a multi-wave kernel starts at its last wave
     # collectives
-    comm_sm_gbps: float = 6.711  # link throughput one comm SM drives at the top clock
+    comm_sm_gbps: float = 6.518  # link throughput one comm SM drives at the top clock
     comm_clock_exp: float = 0.8  # per-SM comm throughput ~ clock^exp (issue-bound part vs fixed latency)
     comm_latency_s: float = 5.0e-6  # per ring step
-    comm_link_eff: float = 0.2166  # fraction of the link bandwidth a collective reaches
+    comm_link_eff: float = 0.1877  # fraction of the link bandwidth a collective reaches
     comm_sharpness: float = 2.0  # how sharply bandwidth saturates (soft minimum exponent)
     comm_hbm_per_byte: float = 2.0  # HBM bytes per link byte (read local, write result)
     # overlap contention
-    contention_sm: float = 1.638e-4  # comm slowdown beside any kernel (shared issue slots, L2)
-    contention_hbm: float = 0.5915  # extra comm slowdown beside a kernel that saturates HBM (queueing)
+    contention_sm: float = 0.1205  # comm slowdown beside any kernel (shared issue slots, L2)
+    contention_hbm: float = 0.95  # extra comm slowdown beside a kernel that saturates HBM (queueing)
     # power
-    p_sm_w: float = 481.2  # dynamic power of all SMs fully active at the top clock and voltage
+    p_sm_w: float = 563.8  # dynamic power of all SMs fully active at the top clock and voltage
     act_gemm: float = 1.0
     act_attention: float = 0.9
     act_memory: float = 0.35
@@ -69,7 +78,11 @@ class SimConfig(GPUConfig):
         for k in ("contention_sm", "contention_hbm", "fail_rate"):
             if not 0 <= getattr(self, k) <= 1:
                 out.append(f"hardware.{k}: must be in [0, 1], got {getattr(self, k)}")
-        for k in ("comm_sm_gbps", "p_sm_w", "thermal_tau_s", "counter_period_s", "v_max", "v_min"):
+        for k in ("host_gemm_s", "host_attention_s", "host_norm_s", "host_elementwise_s", "host_rope_s",
+                  "host_comm_s", "host_tail_s", "host_gap_s", "launch_latency_s"):
+            if getattr(self, k) < 0:
+                out.append(f"hardware.{k}: must be non-negative, got {getattr(self, k)}")
+        for k in ("comm_sm_gbps", "p_sm_w", "thermal_tau_s", "counter_period_s", "v_max", "v_min", "host_scale"):
             if getattr(self, k) <= 0:
                 out.append(f"hardware.{k}: must be positive, got {getattr(self, k)}")
         if self.v_min > self.v_max:
