@@ -65,3 +65,25 @@ class HardwareBackend(Protocol):
         """Time and energy of a plain op sequence at the current clock (non-partition work)."""
     def space(self, partition: PartitionType) -> list[Candidate] | None:
         """The exact candidate set this backend can answer (replay), or None (any candidate)."""
+
+
+class LockedClock:
+    """Clock bookkeeping every backend shares: a frequency controller locks the clock, the backend
+    records it (never touching the GPU itself) and refuses to measure a candidate at another clock."""
+
+    gpu: GPUSpec
+    _clock: int
+
+    def set_clock(self, mhz: int) -> None:
+        if not self.gpu.supports_clock(int(mhz)):
+            raise ValueError(f"{self.gpu.name} has no locked clock {mhz} MHz "
+                             f"({self.gpu.min_mhz}..{self.gpu.max_mhz} in {self.gpu.step_mhz} MHz steps)")
+        self._clock = int(mhz)
+
+    def clock(self) -> int:
+        return self._clock
+
+    def check_clock(self, candidate: Candidate) -> None:
+        if int(candidate.freq_mhz) != self._clock:
+            raise ValueError(f"candidate clock {candidate.freq_mhz} MHz differs from the locked clock "
+                             f"{self._clock} MHz; lock it with the frequency controller (set_clock) first")

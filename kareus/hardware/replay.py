@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from kareus.hardware.base import GPUSpec
+from kareus.hardware.base import GPUSpec, LockedClock
 from kareus.hardware.spec import GPUConfig
 from kareus.registry import HARDWARE
 from kareus.types import SEQUENTIAL, Candidate, Direction, Op, OpKind, PartitionType, Reading, Slot
@@ -106,7 +106,7 @@ _KIND_OF = {"linear": ("gemm", OpKind.GEMM), "attn": ("attention", OpKind.ATTENT
             "norm": ("memory", OpKind.NORM), "rope": ("memory", OpKind.ROPE)}
 
 
-class ReplayBackend:
+class ReplayBackend(LockedClock):
     """Replays a recorded table; its search space per partition is exactly the table's configurations."""
 
     def __init__(self, cfg: ReplayConfig, seed: int = 0) -> None:
@@ -123,13 +123,7 @@ class ReplayBackend:
     def static_power_w(self) -> float:
         return self.gpu.static_power_w
 
-    def set_clock(self, mhz: int) -> None:
-        if not self.gpu.supports_clock(int(mhz)):
-            raise ValueError(f"{self.gpu.name} has no locked clock {mhz} MHz")
-        self._clock = int(mhz)
 
-    def clock(self) -> int:
-        return self._clock
 
     def temperature(self) -> float:
         return self._idle_c
@@ -144,8 +138,7 @@ class ReplayBackend:
         self._now += max(0.0, seconds)
 
     def _rows(self, partition: PartitionType, candidate: Candidate) -> list[tuple[float, float]] | None:
-        if int(candidate.freq_mhz) != self._clock:
-            raise ValueError(f"candidate clock {candidate.freq_mhz} MHz differs from the set clock {self._clock} MHz")
+        self.check_clock(candidate)
         return self.table.get((partition.key, candidate.slot, candidate.sms, candidate.freq_mhz))
 
     def run_once(self, partition: PartitionType, candidate: Candidate) -> float:

@@ -11,14 +11,14 @@ import math
 import random
 from typing import Sequence
 
-from kareus.hardware.base import GPUSpec
+from kareus.hardware.base import GPUSpec, LockedClock
 from kareus.hardware.model import Outcome, simulate, simulate_partition
 from kareus.hardware.sim_config import SimConfig
 from kareus.registry import HARDWARE
 from kareus.types import Candidate, Op, PartitionType, Reading
 
 
-class SimulatedGPU:
+class SimulatedGPU(LockedClock):
     """One simulated GPU of a TP group; readings are per GPU for one execution of the partition."""
 
     def __init__(self, cfg: SimConfig, seed: int = 0) -> None:
@@ -34,14 +34,7 @@ class SimulatedGPU:
         self._cache: dict[tuple, Outcome] = {}
 
     # -- clock, temperature, virtual time ----------------------------------------------------------
-    def set_clock(self, mhz: int) -> None:
-        if not self.gpu.supports_clock(int(mhz)):
-            raise ValueError(f"{self.gpu.name} has no locked clock {mhz} MHz "
-                             f"({self.gpu.min_mhz}..{self.gpu.max_mhz} in {self.gpu.step_mhz} MHz steps)")
-        self._clock = int(mhz)
 
-    def clock(self) -> int:
-        return self._clock
 
     def temperature(self) -> float:
         return self._temp
@@ -95,13 +88,13 @@ class SimulatedGPU:
 
     # -- measurements ------------------------------------------------------------------------------
     def run_once(self, partition: PartitionType, candidate: Candidate) -> float:
-        self._check(candidate)
+        self.check_clock(candidate)
         t = self.outcome(partition, candidate.slot, candidate.sms, self._clock).time_s
         self._now += t
         return t
 
     def measure(self, partition: PartitionType, candidate: Candidate, window_s: float) -> Reading:
-        self._check(candidate)
+        self.check_clock(candidate)
         if not 0 < candidate.sms < self.gpu.sms:
             raise ValueError(f"comm SMs must be in 1..{self.gpu.sms - 1}, got {candidate.sms}")
         out = self.outcome(partition, candidate.slot, candidate.sms, self._clock)
@@ -113,10 +106,6 @@ class SimulatedGPU:
     def space(self, partition: PartitionType) -> list[Candidate] | None:
         return None
 
-    def _check(self, candidate: Candidate) -> None:
-        if int(candidate.freq_mhz) != self._clock:
-            raise ValueError(f"candidate clock {candidate.freq_mhz} MHz differs from the GPU's clock "
-                             f"{self._clock} MHz; set it with set_clock (the frequency controller) first")
 
     def _window(self, out: Outcome, window_s: float) -> Reading:
         c = self.cfg

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from kareus.hardware.base import GPUSpec
+from kareus.hardware.base import GPUSpec, LockedClock
 from kareus.hardware.spec import GPUConfig
 from kareus.registry import COMM_BACKENDS, HARDWARE
 from kareus.runtime.telemetry import EnergyUnavailable, NoEnergy, NVMLDevice, energy_meter, nvml_index
@@ -63,7 +63,7 @@ class CudaConfig(GPUConfig):
         return out
 
 
-class CudaBackend:
+class CudaBackend(LockedClock):
     """A real GPU (or the CPU) behind the HardwareBackend protocol; one process per GPU of the group."""
 
     def __init__(self, cfg: CudaConfig, comm: Any = None, seed: int = 0) -> None:
@@ -125,15 +125,7 @@ class CudaBackend:
             return None
 
     # -- clock, temperature, time ------------------------------------------------------------------
-    def set_clock(self, mhz: int) -> None:
-        """Record the clock a frequency controller locked (bookkeeping; never touches the GPU)."""
-        if not self.gpu.supports_clock(int(mhz)):
-            raise ValueError(f"{self.gpu.name} has no locked clock {mhz} MHz "
-                             f"({self.gpu.min_mhz}..{self.gpu.max_mhz} in {self.gpu.step_mhz} MHz steps)")
-        self._clock = int(mhz)
 
-    def clock(self) -> int:
-        return self._clock
 
     def temperature(self) -> float:
         if self.nvml is None:
@@ -214,11 +206,11 @@ class CudaBackend:
 
     # -- measurements ------------------------------------------------------------------------------
     def run_once(self, partition: PartitionType, candidate: Candidate) -> float:
-        self._check(candidate)
+        self.check_clock(candidate)
         return self._timed(lambda: self.run_partition(partition, candidate.slot, candidate.sms), 1)
 
     def measure(self, partition: PartitionType, candidate: Candidate, window_s: float) -> Reading:
-        self._check(candidate)
+        self.check_clock(candidate)
         if not 0 < candidate.sms < self.gpu.sms:
             raise ValueError(f"comm SMs must be in 1..{self.gpu.sms - 1}, got {candidate.sms}")
         return self._window(lambda: self.run_partition(partition, candidate.slot, candidate.sms), window_s)
@@ -242,10 +234,6 @@ class CudaBackend:
     def space(self, partition: PartitionType) -> list[Candidate] | None:
         return None
 
-    def _check(self, candidate: Candidate) -> None:
-        if int(candidate.freq_mhz) != self._clock:
-            raise ValueError(f"candidate clock {candidate.freq_mhz} MHz differs from the locked clock "
-                             f"{self._clock} MHz; lock it with the frequency controller first")
 
     def _timed(self, run: Callable[[], None], n: int) -> float:
         """Seconds per execution of ``n`` back-to-back executions (CUDA events, or wall clock on CPU)."""
