@@ -29,7 +29,7 @@ class SearcherConfig:
     budget: int | None = None
     budget_frac: float | None = 0.15
     batch_size: int = 32
-    initial: int | None = None  # initial design size; None: min(batch_size, max(8, budget // 3))
+    initial: int | None = None  # initial design size; None: min(batch_size, max(6, budget // 4))
     min_rounds: int = 4  # batches shrink below batch_size so that the guided phase has this many rounds
     space: SpaceConfig = field(default_factory=SpaceConfig)
 
@@ -49,9 +49,9 @@ class SurrogateConfig:
     """Bootstrap ensemble of gradient-boosted trees on small data (one thread per member)."""
 
     name: str = "xgboost"
-    members: int = 8
+    members: int = 6
     max_depth: int = 4
-    rounds: int = 150
+    rounds: int = 100
     learning_rate: float = 0.1
     subsample: float = 1.0
     min_child_weight: float = 1.0
@@ -68,10 +68,10 @@ class MBOConfig(SearcherConfig):
         PassName.total, PassName.dynamic, PassName.static, PassName.uncertainty])
     # share of each batch per pass; renormalised over the passes actually chosen
     shares: dict[str, float] = field(default_factory=lambda: {
-        "total": 0.4, "dynamic": 0.3, "static": 0.1, "uncertainty": 0.2,
+        "total": 0.6, "dynamic": 0.2, "static": 0.1, "uncertainty": 0.1,
         "fastest": 0.2, "spread": 0.2})
     surrogate: SurrogateConfig = field(default_factory=SurrogateConfig)
-    kappa: float = 1.0  # HVI passes score the optimistic point mean - kappa x std (0: the mean)
+    kappa: float = 0.0  # HVI passes score the optimistic point mean - kappa x std (0: the mean)
     greedy: bool = True  # fill each pass by greedy HVI (each pick joins the front as predicted)
     stop_gain: float = 0.0  # stop when the batch's predicted HV gain / current HV falls below this
     ref_margin: float = 0.1  # reference point: observed maxima + margin x observed range
@@ -152,7 +152,7 @@ def initial_size(cfg: SearcherConfig, budget: int) -> int:
     """Size of the initial design (it counts against the budget)."""
     if cfg.initial is not None:
         return max(1, min(cfg.initial, budget))
-    return max(1, min(cfg.batch_size, max(8, budget // 3), budget))
+    return max(1, min(cfg.batch_size, max(6, budget // 4), budget))
 
 
 def config_problems(cfg: SearcherConfig) -> list[str]:

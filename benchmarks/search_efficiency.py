@@ -1,0 +1,322 @@
+"""Search efficiency: hypervolume of each searcher's measured frontier / the exhaustive frontier's.
+
+Problems: every partition type of qwen1.7b pp2_tp8 and llama3.2-3b pp2_cp2_tp4 on the simulated A100
+(numbers are simulated), and every partition of the real A100 attention table through the replay
+backend. Each space is measured once (the ground truth, a lookup); every searcher then evaluates
+from that lookup, with the same budget and the same initial design for a seed.
+
+Objectives are normalised so the exhaustive Pareto front spans [0, 1] in time and total energy
+(ideal: best time and energy; nadir: the front's worst), reference point (1.1, 1.1). Beside the
+hypervolume ratio: IGD+ in the same frame and the share of true Pareto points found.
+summary[searcher][budget_frac] averages each workload over its partitions and seeds, then the
+workloads with equal weight.
+
+    python benchmarks/search_efficiency.py                 # all searchers but qnehvi, 5 seeds
+    python benchmarks/search_efficiency.py --qnehvi        # + BoTorch qLogNEHVI (slow: ~1 min per run)
+    python benchmarks/search_efficiency.py --quick         # 2 seeds, for a smoke run
+    python benchmarks/search_efficiency.py --searchers mbo,qnehvi --no-sim --budgets 0.1,0.15 --seeds 1 \
+        --out runs/bench/search_efficiency_qnehvi.json    # qnehvi where it is affordable
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kareus.search.base import SearchProblem  # noqa: E402
+from kareus.search.config import SearcherConfig, initial_size  # noqa: E402
+from kareus.search.design import latin_hypercube  # noqa: E402
+from kareus.search.hv import hvi, hypervolume, igd_plus, nondominated, normalise  # noqa: E402
+from kareus.types import Candidate, Measurement, ModelSpec, ParallelSpec, PartitionType  # noqa: E402
+
+BUDGETS = (0.1, 0.15, 0.25, 0.4)
+PEERS = ("random", "nsga2", "tpe", "artifact", "mbo")
+REF = (1.1, 1.1)
+REPLAY_SRC = ROOT.parent / "shared" / "data" / "a100_attention_tp2"
+
+QWEN = ModelSpec("qwen1.7b", num_layers=28, hidden_size=2048, ffn_hidden_size=6144, num_attention_heads=16,
+                 num_kv_heads=8, head_dim=128, vocab_size=151936, tied_embeddings=True, qk_layernorm=True)
+LLAMA = ModelSpec("llama3.2-3b", num_layers=28, hidden_size=3072, ffn_hidden_size=8192, num_attention_heads=24,
+                  num_kv_heads=8, head_dim=128, vocab_size=128256, tied_embeddings=True)
+PP2_TP8 = ParallelSpec(tp=8, pp=2, micro_batch_size=8, num_microbatches=8, seq_len=4096, nanobatches=2,
+                       recompute="full")
+PP2_CP2_TP4 = ParallelSpec(tp=4, cp=2, pp=2, micro_batch_size=8, num_microbatches=8, seq_len=8192, nanobatches=2,
+                           recompute="full")
+
+
+@dataclass
+class Truth:
+    """One partition's whole space, measured once: the lookup every searcher evaluates from."""
+
+    workload: str
+    partition: PartitionType
+    space: list[Candidate]
+    table: dict[Candidate, tuple[float, float, float]]  # time_s, energy_j, dynamic_energy_j
+    static_power_w: float
+
+    def evaluate(self, batch, annotations=None) -> list[Measurement]:
+        out = []
+        for c in batch:
+            t, e, d = self.table[c]
+            out.append(Measurement(c, t, e, d, self.static_power_w, 0.0, float(c.freq_mhz), 1))
+        return out
+
+    def frame(self):
+        pts = np.array([self.table[c][:2] for c in self.space])
+        front = nondominated(pts)
+        return front.min(axis=0), front.max(axis=0), front
+
+
+def sim_truths(seed: int = 0) -> list[Truth]:
+    import kareus.hardware  # noqa: F401  (registers backends)
+    import kareus.partition  # noqa: F401
+    from omegaconf import OmegaConf
+
+    from kareus.registry import HARDWARE, PARTITIONERS
+    from kareus.search.space import SpaceConfig, build_space
+    from kareus.workload import build_workload
+
+    hw = OmegaConf.load(ROOT / "conf" / "hardware" / "a100_sim.yaml")
+    hw.pop("defaults", None)
+    out = []
+    for label, model, par in (("qwen1.7b-pp2_tp8", QWEN, PP2_TP8), ("llama3.2-3b-pp2_cp2_tp4", LLAMA, PP2_CP2_TP4)):
+        backend = HARDWARE.build("sim", config=hw, seed=seed)
+        parts = PARTITIONERS.build("nanobatch", config={}).partition(build_workload(model, par))
+        P = backend.gpu.static_power_w
+        for t in parts.types:
+            space = build_space(t, backend.gpu, SpaceConfig())
+            table = {}
+            for c in space:
+                backend.idle(30.0)  # a cooldown between windows, as the profiler does
+                backend.set_clock(c.freq_mhz)
+                r = backend.measure(t, c, 1.0)
+                table[c] = (r.time_s, r.energy_j, r.energy_j - P * r.time_s)
+            out.append(Truth(label, t, space, table, P))
+    return out
+
+
+def replay_truths(tmp: Path) -> list[Truth]:
+    import kareus.hardware  # noqa: F401
+    from kareus.hardware.tables import convert_a100_attention
+    from kareus.registry import HARDWARE
+
+    csv = convert_a100_attention(REPLAY_SRC, tmp / "a100_attention_tp2.csv")
+    backend = HARDWARE.build("replay", config={"table": str(csv)}, seed=0)
+    P = backend.gpu.static_power_w
+    out = []
+    for t in backend.partitions():
+        space = backend.space(t)
+        table = {}
+        for c in space:
+            backend.set_clock(c.freq_mhz)
+            reads = [backend.measure(t, c, 1.0) for _ in range(3)]  # the table's repeats: take medians
+            ti = statistics.median(r.time_s for r in reads)
+            e = statistics.median(r.energy_j for r in reads)
+            table[c] = (ti, e, e - P * ti)
+        out.append(Truth("a100-attention-tp2-replay (real)", t, space, table, P))
+    return out
+
+
+def score(truth: Truth, result, ideal, nadir, front) -> dict:
+    pts = np.array([[p.time_s, p.energy_j] for p in result.frontier]).reshape(-1, 2)
+    nf = normalise(front, ideal, nadir)
+    hv_true = hypervolume(nf, REF)
+    npts = normalise(pts, ideal, nadir)
+    true_set = {c for c in truth.space if _on_front(truth.table[c][:2], front)}
+    found = {m.candidate for m in result.measurements} & true_set
+    return {"hv_ratio": hypervolume(npts, REF) / hv_true, "igd_plus": igd_plus(npts, nf),
+            "pareto_share": len(found) / max(len(true_set), 1), "profiled": len(result.measurements)}
+
+
+def _on_front(p, front) -> bool:
+    return bool(np.any(np.all(np.isclose(front, p, rtol=0, atol=0), axis=1)))
+
+
+def searcher_config(name: str, seed: int, budget: int) -> dict:
+    return {"seed": seed, "budget": budget}
+
+
+def run_all(truths: list[Truth], searchers: list[str], seeds: int, budgets: tuple[float, ...],
+            verbose: bool = True, jobs: int = 1) -> tuple[list[dict], dict]:
+    """Every searcher x budget x seed on every partition; ``jobs`` processes split the partitions."""
+    if jobs > 1 and len(truths) > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        rows: list[dict] = []
+        timing: dict[str, list[float]] = {}
+        with ProcessPoolExecutor(jobs) as pool:
+            futs = [pool.submit(run_all, [t], searchers, seeds, budgets, verbose, 1) for t in truths]
+            for f in futs:
+                r, tm = f.result()
+                rows += r
+                for k, v in tm.items():
+                    timing.setdefault(k, []).extend(v)
+        return rows, timing
+    import kareus.search  # noqa: F401
+    from kareus.registry import SEARCHERS
+
+    rows = []
+    timing = {}
+    for truth in truths:
+        ideal, nadir, front = truth.frame()
+        n = len(truth.space)
+        for frac in budgets:
+            budget = math.ceil(frac * n - 1e-9)
+            for seed in range(seeds):
+                init = latin_hypercube(truth.space, truth.partition, initial_size(SearcherConfig(), budget), seed)
+                for name in searchers:
+                    s = SEARCHERS.build(name, config=searcher_config(name, seed, budget))
+                    prob = SearchProblem(truth.partition, truth.space, truth.evaluate, budget, seed,
+                                         truth.static_power_w, list(init))
+                    t0 = time.perf_counter()
+                    res = s.run(prob)
+                    wall = time.perf_counter() - t0
+                    timing.setdefault(name, []).append(wall)
+                    row = {"workload": truth.workload, "partition": truth.partition.key, "space": n,
+                           "budget_frac": frac, "budget": budget, "seed": seed, "searcher": name, "wall_s": wall,
+                           **score(truth, res, ideal, nadir, front)}
+                    for tm in getattr(s, "timings", []) or []:
+                        row.setdefault("batch_s", []).append(tm.get("fit_s", 0.0) + tm.get("acq_s", 0.0))
+                    rows.append(row)
+        if verbose:
+            print(f"  {truth.workload} {truth.partition.key} ({n} candidates) done", flush=True)
+    return rows, timing
+
+
+def summarise(rows: list[dict], metric: str) -> dict:
+    """summary[searcher][frac]: mean over partitions and seeds per workload, then over workloads."""
+    out: dict = {}
+    keys = {(r["searcher"], r["budget_frac"]) for r in rows}
+    for name, frac in sorted(keys):
+        per_w: dict[str, list[float]] = {}
+        for r in rows:
+            if r["searcher"] == name and r["budget_frac"] == frac:
+                per_w.setdefault(r["workload"], []).append(r[metric])
+        out.setdefault(name, {})[str(frac)] = float(np.mean([np.mean(v) for v in per_w.values()]))
+    return out
+
+
+def by_workload(rows: list[dict], metric: str) -> dict:
+    out: dict = {}
+    for r in rows:
+        out.setdefault(r["workload"], {}).setdefault(r["searcher"], {}).setdefault(str(r["budget_frac"]), []).append(
+            r[metric])
+    return {w: {s: {f: float(np.mean(v)) for f, v in d.items()} for s, d in sd.items()} for w, sd in out.items()}
+
+
+def time_mbo_batch(truths: list[Truth]) -> dict:
+    """Fit + acquisition of one MBO batch on the largest space (the issue asks: well under 1 s on 2 cores)."""
+    import kareus.search  # noqa: F401
+    from kareus.registry import SEARCHERS
+
+    big = max(truths, key=lambda t: len(t.space))
+    n = len(big.space)
+    budget = math.ceil(0.4 * n)
+    s = SEARCHERS.build("mbo", config={"seed": 0, "budget": budget})
+    s.run(SearchProblem(big.partition, big.space, big.evaluate, budget, 0, big.static_power_w))
+    batches = [t["fit_s"] + t["acq_s"] for t in s.timings]
+    # HVI of 5000 candidates against a 50-point front, the vectorised sweep
+    rng = np.random.default_rng(0)
+    tt = np.sort(rng.random(50))
+    front, cands = np.column_stack([tt, 1 - tt]), rng.random((5000, 2))
+    reps = []
+    for _ in range(20):
+        t0 = time.perf_counter()
+        hvi(cands, front, (1.1, 1.1))
+        reps.append(time.perf_counter() - t0)
+    return {"space": n, "partition": big.partition.key, "batches": len(batches),
+            "fit_s_mean": float(np.mean([t["fit_s"] for t in s.timings])),
+            "acq_s_mean": float(np.mean([t["acq_s"] for t in s.timings])),
+            "batch_s_max": float(max(batches)), "batch_s_mean": float(np.mean(batches)),
+            "hvi_5000x50_ms": 1000 * float(np.median(reps))}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--searchers", default=",".join(PEERS))
+    ap.add_argument("--qnehvi", action="store_true", help="add BoTorch qLogNEHVI (needs botorch; slow)")
+    ap.add_argument("--qnehvi-seeds", type=int, default=1, help="seeds for qnehvi (it takes ~1 min per run)")
+    ap.add_argument("--no-sim", action="store_true")
+    ap.add_argument("--no-replay", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="2 seeds")
+    ap.add_argument("--budgets", default=",".join(str(b) for b in BUDGETS), help="budget fractions")
+    ap.add_argument("--jobs", type=int, default=2, help="worker processes (partitions are split among them)")
+    ap.add_argument("--out", default=str(ROOT / "runs" / "bench" / "search_efficiency.json"))
+    args = ap.parse_args(argv)
+    seeds = 2 if args.quick else args.seeds
+    budgets = tuple(float(b) for b in args.budgets.split(","))
+    searchers = [s for s in args.searchers.split(",") if s]
+
+    t0 = time.perf_counter()
+    out_path = Path(args.out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    truths = []
+    if not args.no_sim:
+        truths += sim_truths()
+    if not args.no_replay:
+        truths += replay_truths(out_path.parent)
+    print(f"ground truth: {len(truths)} partitions, {sum(len(t.space) for t in truths)} candidates measured "
+          f"({time.perf_counter() - t0:.1f} s)")
+    rows, timing = run_all(truths, [s for s in searchers if s != "qnehvi"], seeds, budgets, jobs=args.jobs)
+    if args.qnehvi or "qnehvi" in searchers:
+        from kareus.search.qnehvi import MISSING, available
+
+        if not available():
+            print(f"qnehvi skipped: {MISSING}")
+        else:
+            qrows, qt = run_all(truths, ["qnehvi"], args.qnehvi_seeds, budgets, jobs=args.jobs)
+            rows += qrows
+            timing.update(qt)
+    batch = time_mbo_batch(truths)
+    doc = {
+        "description": "hypervolume ratio of each searcher's measured (time, total energy) frontier to the "
+                       "exhaustive one; objectives normalised so the exhaustive front spans [0,1] "
+                       "(ideal = best time/energy, nadir = the front's worst), reference point (1.1, 1.1). "
+                       "Sim partitions are simulated (A100 sim); the replay partitions are real A100 data.",
+        "summary": summarise(rows, "hv_ratio"),
+        "igd_plus": summarise(rows, "igd_plus"),
+        "pareto_share": summarise(rows, "pareto_share"),
+        "by_workload": by_workload(rows, "hv_ratio"),
+        "seeds": seeds, "budgets": [str(b) for b in budgets],
+        "workloads": sorted({t.workload for t in truths}),
+        "partitions": [{"workload": t.workload, "partition": t.partition.key, "space": len(t.space),
+                        "true_pareto": int(len(t.frame()[2]))} for t in truths],
+        "mbo_batch_timing": batch,
+        "searcher_wall_s": {k: {"mean": float(np.mean(v)), "total": float(np.sum(v))} for k, v in timing.items()},
+        "runs": rows,
+        "wall_s": time.perf_counter() - t0,
+    }
+    out_path.write_text(json.dumps(doc, indent=1) + "\n")
+    print_table(doc)
+    print(f"wrote {out_path} ({doc['wall_s']:.0f} s)")
+    return doc
+
+
+def print_table(doc: dict) -> None:
+    fr = doc["budgets"]
+    for title, key, fmt in (("HV ratio (higher is better)", "summary", "{:.4f}"),
+                            ("IGD+ (lower is better)", "igd_plus", "{:.4f}"),
+                            ("share of true Pareto points found", "pareto_share", "{:.3f}")):
+        print(f"\n{title}; mean over workloads (sim = simulated A100, replay = real A100 table)")
+        print(f"{'searcher':<10}" + "".join(f"{f:>10}" for f in fr))
+        for name, row in doc[key].items():
+            print(f"{name:<10}" + "".join(f"{fmt.format(row.get(f, float('nan'))):>10}" for f in fr))
+    b = doc["mbo_batch_timing"]
+    print(f"\nMBO fit+acquisition per batch on {b['space']} candidates: mean {b['batch_s_mean']:.3f} s, "
+          f"max {b['batch_s_max']:.3f} s (fit {b['fit_s_mean']:.3f} s, acquisition {b['acq_s_mean']:.3f} s); "
+          f"HVI 5000x50: {b['hvi_5000x50_ms']:.2f} ms")
+
+
+if __name__ == "__main__":
+    main()

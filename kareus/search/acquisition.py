@@ -1,0 +1,162 @@
+"""Acquisition passes: each fills its share of a batch from the unmeasured candidates.
+
+HVI passes score the predicted (time, objective) point of every candidate by its hypervolume
+improvement over the measured (time, objective) frontier, in objectives scaled by the observed
+ranges. ``greedy`` passes add each pick to the front as predicted before scoring the next, so a batch
+spreads along the frontier instead of piling onto one knee. Candidates with no predicted improvement
+are ranked by how far they are from becoming non-dominated (additive epsilon), so a pass always
+returns its share.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kareus.registry import ACQUISITIONS
+from kareus.search.hv import hvi, nondominated
+
+
+@dataclass
+class Context:
+    """Predictions for the pool and what is measured, in one place for every pass."""
+
+    pool: np.ndarray  # candidate indices that may be picked
+    samples: dict[str, np.ndarray]  # objective -> (members, len(pool)) predictions (time, total, dynamic, static)
+    measured: dict[str, np.ndarray]  # objective -> measured values of the ok points (aligned)
+    kappa: float = 1.0
+    greedy: bool = True
+    ref_margin: float = 0.1
+    ref_factor: float | None = None  # if set: ref = factor x observed maxima (raw units), as the artifact does
+    rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
+
+    def mean(self, obj: str) -> np.ndarray:
+        return self.samples[obj].mean(axis=0)
+
+    def std(self, obj: str) -> np.ndarray:
+        return self.samples[obj].std(axis=0)
+
+
+def _scaled(ctx: Context, obj: str, kappa: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Candidate points, measured front and reference in a frame where the measured ranges are 1."""
+    mt, mo = ctx.measured["time"], ctx.measured[obj]
+    ct = ctx.mean("time") - kappa * ctx.std("time")
+    co = ctx.mean(obj) - kappa * ctx.std(obj)
+    lo = np.array([mt.min(), mo.min()])
+    hi = np.array([mt.max(), mo.max()])
+    span = np.where(hi - lo > 0, hi - lo, np.maximum(np.abs(hi), 1e-12))
+    cand = (np.column_stack([ct, co]) - lo) / span
+    front = (np.column_stack([mt, mo]) - lo) / span
+    if ctx.ref_factor is not None:
+        ref = (ctx.ref_factor * hi - lo) / span
+    else:
+        ref = np.ones(2) + ctx.ref_margin
+    return cand, front, ref
+
+
+def _epsilon(cand: np.ndarray, front: np.ndarray) -> np.ndarray:
+    """Smallest equal shift in both objectives that makes each candidate non-dominated (0 if it is)."""
+    f = nondominated(front)
+    if len(f) == 0:
+        return np.zeros(len(cand))
+    d = np.max(cand[:, None, :] - f[None, :, :], axis=2)  # shift needed to escape each front point
+    return np.clip(np.min(d, axis=1), 0.0, None)
+
+
+def _rank_pick(score: np.ndarray, tie: np.ndarray, k: int, free: np.ndarray) -> list[int]:
+    """Top ``k`` positions by score (desc), ties by ``tie`` (asc), among ``free``."""
+    pos = np.flatnonzero(free)
+    order = np.lexsort((tie[pos], -score[pos]))
+    return [int(p) for p in pos[order[:k]]]
+
+
+class HVIPass:
+    """Hypervolume improvement of the predicted (time, ``objective``) point."""
+
+    objective = "total"
+
+    def select(self, ctx: Context, k: int, free: np.ndarray) -> list[tuple[int, float]]:
+        cand, front, ref = _scaled(ctx, self.objective, ctx.kappa)
+        free = free.copy()
+        if not ctx.greedy:
+            h = hvi(cand, front, ref)
+            picks = _rank_pick(h, _epsilon(cand, front), k, free)
+            return [(p, float(h[p])) for p in picks]
+        out: list[tuple[int, float]] = []
+        front = nondominated(front)
+        for _ in range(min(k, int(free.sum()))):
+            h = hvi(cand, front, ref)
+            h[~free] = -1.0
+            if h.max() > 0:
+                p = int(np.argmax(h))
+            else:
+                eps = _epsilon(cand, front)
+                eps[~free] = np.inf
+                p = int(np.argmin(eps))
+            out.append((p, float(max(h[p], 0.0))))
+            free[p] = False
+            front = nondominated(np.vstack([front, cand[p]]))
+        return out
+
+
+@ACQUISITIONS.register("total")
+class TotalHVI(HVIPass):
+    """HVI in (time, total energy): the objective users pick plans by."""
+
+    objective = "total"
+
+
+@ACQUISITIONS.register("dynamic")
+class DynamicHVI(HVIPass):
+    """HVI in (time, dynamic energy): what composition adds up across partitions."""
+
+    objective = "dynamic"
+
+
+@ACQUISITIONS.register("static")
+class StaticHVI(HVIPass):
+    """HVI in (time, static energy = static power x time): pulls toward the fastest settings."""
+
+    objective = "static"
+
+
+def _spread(ctx: Context) -> np.ndarray:
+    """Relative predictive spread of time and total energy."""
+    out = np.zeros(len(ctx.pool))
+    for obj in ("time", "total"):
+        out += ctx.std(obj) / max(float(np.abs(ctx.measured[obj]).mean()), 1e-12)
+    return out
+
+
+@ACQUISITIONS.register("uncertainty")
+class Uncertainty:
+    """Largest spread among candidates whose optimistic (2 sigma) point could join the total frontier."""
+
+    def select(self, ctx: Context, k: int, free: np.ndarray) -> list[tuple[int, float]]:
+        cand, front, ref = _scaled(ctx, "total", 2.0)
+        s = _spread(ctx)
+        plausible = free & (hvi(cand, front, ref) > 0)
+        picks = _rank_pick(s, -s, k, plausible)
+        if len(picks) < k:
+            rest = free.copy()
+            rest[picks] = False
+            picks += _rank_pick(s, -s, k - len(picks), rest)
+        return [(p, float(s[p])) for p in picks]
+
+
+@ACQUISITIONS.register("spread")
+class Spread:
+    """Largest predictive spread anywhere (the published artifact's exploration pass)."""
+
+    def select(self, ctx: Context, k: int, free: np.ndarray) -> list[tuple[int, float]]:
+        s = _spread(ctx)
+        return [(p, float(s[p])) for p in _rank_pick(s, -s, k, free)]
+
+
+@ACQUISITIONS.register("fastest")
+class Fastest:
+    """Lowest predicted time (the published artifact's third pass)."""
+
+    def select(self, ctx: Context, k: int, free: np.ndarray) -> list[tuple[int, float]]:
+        t = ctx.mean("time")
+        return [(p, float(-t[p])) for p in _rank_pick(-t, t, k, free)]

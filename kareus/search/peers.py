@@ -1,0 +1,204 @@
+"""Peer searchers behind the same interface and budget: the baselines MBO is measured against."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from kareus.registry import SEARCHERS
+from kareus.search.acquisition import Context
+from kareus.search.base import SearchProblem, SearchResult
+from kareus.search.common import SearchRun, Timer
+from kareus.search.config import (ArtifactConfig, ExhaustiveConfig, NSGA2Config, OptunaConfig, RandomConfig,
+                                  SurrogateConfig, TPEConfig, round_batch)
+from kareus.search.mbo import annotate, fill_batch, predict, predicted_gain, start
+
+
+@SEARCHERS.register("exhaustive", ExhaustiveConfig)
+class ExhaustiveSearcher:
+    """Profile every candidate (the budget is ignored): the ground truth."""
+
+    def __init__(self, cfg: ExhaustiveConfig) -> None:
+        self.cfg = cfg
+
+    def run(self, problem: SearchProblem) -> SearchResult:
+        problem = SearchProblem(problem.partition, problem.space, problem.evaluate, len(problem.space), problem.seed,
+                                problem.static_power_w, [], problem.emit)
+        run = SearchRun(problem)
+        for lo in range(0, len(run.space), self.cfg.batch_size):
+            idx = list(range(lo, min(lo + self.cfg.batch_size, len(run.space))))
+            run.evaluate(idx, [{"pass": "exhaustive"} for _ in idx])
+            run.finish_batch()
+        return run.result()
+
+
+@SEARCHERS.register("random", RandomConfig)
+class RandomSearcher:
+    """The shared initial design, then uniformly random unmeasured candidates."""
+
+    def __init__(self, cfg: RandomConfig) -> None:
+        self.cfg = cfg
+
+    def run(self, problem: SearchProblem) -> SearchResult:
+        run = SearchRun(problem)
+        rng = np.random.default_rng(problem.seed + 1)
+        start(run, self.cfg)
+        batch = round_batch(self.cfg, run.remaining)
+        while run.remaining > 0:
+            pool = run.unmeasured
+            k = min(batch, run.remaining, len(pool))
+            picks = rng.choice(pool, size=k, replace=False)
+            run.evaluate(picks, [{"pass": "random"} for _ in picks])
+            run.finish_batch()
+        return run.result()
+
+
+@SEARCHERS.register("artifact", ArtifactConfig)
+class ArtifactSearcher:
+    """The published artifact's batch policy: 40% total-energy HVI and 20% dynamic-energy HVI on mean
+    predictions (each candidate scored alone), 20% lowest predicted time, the rest highest uncertainty;
+    5 bootstrap XGBoost members; reference point 1.1 x the observed maxima."""
+
+    def __init__(self, cfg: ArtifactConfig) -> None:
+        self.cfg = cfg
+        self.timings: list[dict[str, float]] = []
+
+    def run(self, problem: SearchProblem) -> SearchResult:
+        cfg = self.cfg
+        run = SearchRun(problem)
+        start(run, cfg)
+        surrogate = SurrogateConfig(members=cfg.members, linear_base=False)
+        batch = round_batch(cfg, run.remaining)
+        while run.remaining > 0:
+            pool = run.unmeasured
+            k = min(batch, run.remaining, len(pool))
+            if k <= 0:
+                break
+            timer = Timer()
+            samples, measured = predict(run, surrogate, pool, problem.seed + 7919 * run.batches)
+            fit_s = timer.lap()
+            ctx = Context(pool, samples, measured, kappa=0.0, greedy=False, ref_factor=1.1)
+            n_tot = int(round(cfg.shares_total * k))
+            n_dyn = int(round(cfg.shares_dynamic * k))
+            n_fast = int(round(cfg.shares_fastest * k))
+            plan = [("total", n_tot), ("dynamic", n_dyn), ("fastest", n_fast),
+                    ("spread", max(k - n_tot - n_dyn - n_fast, 0))]
+            local, names = fill_batch(ctx, plan, k)
+            acq_s = timer.lap()
+            notes = [annotate(ctx, p, n) for p, n in zip(local, names)]
+            run.evaluate(pool[local], notes)
+            run.finish_batch(predicted_gain(ctx, local), notes, fit_s=fit_s, acq_s=acq_s)
+        self.timings = run.timings
+        return run.result()
+
+
+class OptunaSearcher:
+    """Optuna ask/tell over the discrete space; repeated suggestions are told the known values free."""
+
+    def __init__(self, cfg: OptunaConfig) -> None:
+        self.cfg = cfg
+
+    def sampler(self, problem: SearchProblem, n_initial: int) -> Any:
+        raise NotImplementedError
+
+    def run(self, problem: SearchProblem) -> SearchResult:
+        import optuna
+        from optuna.distributions import CategoricalDistribution
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        run = SearchRun(problem)
+        rng = np.random.default_rng(problem.seed + 2)
+        slots = list(dict.fromkeys(c.slot for c in run.space))
+        dists = {"slot": CategoricalDistribution(slots),
+                 "sms": _numeric({c.sms for c in run.space}),
+                 "freq_mhz": _numeric({c.freq_mhz for c in run.space})}
+        key_index = {(c.slot, c.sms, c.freq_mhz): i for i, c in enumerate(run.space)}
+        slot_rank = {s: j for j, s in enumerate(slots)}
+        coords = np.array([[slot_rank[c.slot], c.sms, c.freq_mhz] for c in run.space], dtype=float)
+        scale = np.maximum(coords.max(0) - coords.min(0), 1.0)
+
+        def nearest(params: dict) -> int:
+            i = key_index.get((params["slot"], int(params["sms"]), int(params["freq_mhz"])))
+            if i is not None:
+                return i
+            q = np.array([slot_rank[params["slot"]], params["sms"], params["freq_mhz"]], dtype=float)
+            d = np.sum(((coords - q) / scale) ** 2, axis=1) + 1e3 * (coords[:, 0] != q[0])
+            return int(np.argmin(d))
+
+        init = run.indices(problem.initial) if problem.initial else None
+        if init is None:
+            from kareus.search.config import initial_size
+            from kareus.search.design import latin_hypercube
+
+            init = run.indices(latin_hypercube(run.space, problem.partition, initial_size(self.cfg, run.budget),
+                                               problem.seed))
+        study = optuna.create_study(directions=["minimize", "minimize"], sampler=self.sampler(problem, len(init)))
+        for i in init:
+            c = run.space[i]
+            study.enqueue_trial({"slot": c.slot, "sms": c.sms, "freq_mhz": c.freq_mhz})
+        asks, max_asks = 0, self.cfg.max_asks_factor * max(run.budget, 1)
+        first = True
+        batch = round_batch(self.cfg, run.budget - len(init))
+        while run.remaining > 0:
+            n = len(init) if first else min(batch, run.remaining)
+            trials = []
+            for _ in range(n):
+                tr = study.ask(dists)
+                asks += 1
+                trials.append((tr, nearest(tr.params)))
+            new = list(dict.fromkeys(i for _, i in trials if i not in run.measured))
+            label = "initial" if first else self.cfg.name
+            run.evaluate(new, [{"pass": label} for _ in new])
+            for tr, i in trials:
+                m = run.measured.get(i)
+                if m is None:  # over budget within this batch
+                    study.tell(tr, state=optuna.trial.TrialState.FAIL)
+                elif m.failed:
+                    study.tell(tr, state=optuna.trial.TrialState.FAIL)
+                else:
+                    study.tell(tr, [m.time_s, m.energy_j])
+            if new or first:
+                run.finish_batch()
+            first = False
+            if asks >= max_asks and run.remaining > 0:  # the sampler keeps repeating itself: fill at random
+                pool = run.unmeasured
+                picks = rng.choice(pool, size=min(run.remaining, len(pool)), replace=False)
+                run.evaluate(picks, [{"pass": "random"} for _ in picks])
+                run.finish_batch()
+        return run.result()
+
+
+def _numeric(values: set[int]) -> Any:
+    """An int distribution when the values form a full arithmetic grid, else categorical."""
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+
+    v = sorted(values)
+    if len(v) == 1:
+        return CategoricalDistribution(v)
+    step = math.gcd(*[b - a for a, b in zip(v, v[1:])])
+    if list(range(v[0], v[-1] + 1, step)) == v:
+        return IntDistribution(v[0], v[-1], step=step)
+    return CategoricalDistribution(v)
+
+
+@SEARCHERS.register("nsga2", NSGA2Config)
+class NSGA2Searcher(OptunaSearcher):
+    """NSGA-II (Optuna), population = batch size unless set."""
+
+    def sampler(self, problem: SearchProblem, n_initial: int) -> Any:
+        import optuna
+
+        pop = self.cfg.population or self.cfg.batch_size
+        return optuna.samplers.NSGAIISampler(population_size=max(pop, 2), seed=problem.seed)
+
+
+@SEARCHERS.register("tpe", TPEConfig)
+class TPESearcher(OptunaSearcher):
+    """Multivariate multi-objective TPE (Optuna) with a constant liar for batches."""
+
+    def sampler(self, problem: SearchProblem, n_initial: int) -> Any:
+        import optuna
+
+        return optuna.samplers.TPESampler(multivariate=True, constant_liar=True, seed=problem.seed,
+                                          n_startup_trials=max(n_initial, 1))

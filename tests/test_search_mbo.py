@@ -1,0 +1,134 @@
+"""MBO on an analytic partition: determinism, budget, failures, annotations, events, ablation, quality."""
+import numpy as np
+
+from kareus.events import BatchFinished, EventBus
+from kareus.registry import ACQUISITIONS, SEARCHERS, SURROGATES
+from kareus.search.base import SearchProblem
+from kareus.search.config import SurrogateConfig
+from kareus.search.design import latin_hypercube
+from kareus.search.hv import hypervolume, nondominated, normalise
+from kareus.search.space import SpaceConfig, build_space
+from kareus.search.synthetic import SYNTH_GPU, SyntheticGPU, synthetic_partition
+
+import kareus.search  # noqa: F401  (registers)
+
+FAST = {"surrogate": {"members": 4, "rounds": 60}}
+
+
+def make(budget=80, seed=0, noise=0.0, fail=None, initial=None, bus=None):
+    part = synthetic_partition()
+    space = build_space(part, SYNTH_GPU, SpaceConfig())
+    gpu = SyntheticGPU(part, noise=noise, seed=seed, fail=fail)
+    log = []
+
+    def evaluate(batch, notes):
+        log.append((list(batch), list(notes) if notes is not None else None))
+        return gpu.evaluate(batch, notes)
+
+    prob = SearchProblem(part, space, evaluate, budget, seed, SYNTH_GPU.static_power_w,
+                         initial or [], bus.emit if bus else (lambda e: None))
+    return prob, gpu, log
+
+
+def hv_ratio(result, gpu, space):
+    truth = np.array([gpu.truth(c)[:2] for c in space])
+    front = nondominated(truth)
+    ideal, nadir = front.min(0), front.max(0)
+    pts = np.array([[p.time_s, p.energy_j] for p in result.frontier])
+    return hypervolume(normalise(pts, ideal, nadir), (1.1, 1.1)) / hypervolume(normalise(front, ideal, nadir), (1.1, 1.1))
+
+
+def test_registries_hold_mbo_its_surrogate_and_passes():
+    assert "mbo" in SEARCHERS and "xgboost" in SURROGATES
+    for p in ("total", "dynamic", "static", "uncertainty"):
+        assert p in ACQUISITIONS
+
+
+def test_same_seed_same_frontier_and_budget_respected():
+    runs = []
+    for _ in range(2):
+        prob, gpu, log = make(budget=70)
+        res = SEARCHERS.build("mbo", config={"seed": 0, **FAST}).run(prob)
+        runs.append(res)
+        assert len(res.measurements) == 70 == gpu.calls
+        assert len({m.candidate for m in res.measurements}) == 70
+    assert [m.candidate for m in runs[0].measurements] == [m.candidate for m in runs[1].measurements]
+    assert [p.payload.candidate for p in runs[0].frontier] == [p.payload.candidate for p in runs[1].frontier]
+
+
+def test_annotations_events_and_predictions_are_kept():
+    bus = EventBus()
+    events = []
+    bus.subscribe(events.append)
+    prob, gpu, log = make(budget=60, bus=bus)
+    res = SEARCHERS.build("mbo", config={"seed": 1, **FAST}).run(prob)
+    first_batch, first_notes = log[0]
+    assert all(n["pass"] == "initial" for n in first_notes)
+    later = [n for _, notes in log[1:] for n in notes]
+    assert later and all(n["pass"] in {"total", "dynamic", "static", "uncertainty"} for n in later)
+    assert all(set(n["predicted"]) >= {"time_s", "energy_j", "dynamic_energy_j"} for n in later)
+    batches = [e for e in events if isinstance(e, BatchFinished)]
+    assert len(batches) == len(log) and batches[-1].profiled == 60
+    assert all(b.hypervolume > 0 for b in batches)
+    assert batches[-1].hypervolume >= batches[0].hypervolume
+    assert batches[1].predicted_gain is not None and batches[1].predictions
+    assert len(res.predictions) == len(batches)
+
+
+def test_ablation_two_passes_uses_only_those():
+    prob, gpu, log = make(budget=60)
+    cfg = {"seed": 0, "passes": ["total", "dynamic"], **FAST}
+    SEARCHERS.build("mbo", config=cfg).run(prob)
+    used = {n["pass"] for _, notes in log[1:] for n in notes}
+    assert used == {"total", "dynamic"}
+
+
+def test_failed_measurements_count_against_budget_but_not_frontier():
+    part = synthetic_partition()
+    space = build_space(part, SYNTH_GPU, SpaceConfig())
+    init = latin_hypercube(space, part, 20, 0)
+    fail = set(init[:5])
+    prob, gpu, log = make(budget=50, fail=fail, initial=init)
+    res = SEARCHERS.build("mbo", config={"seed": 0, **FAST}).run(prob)
+    assert len(res.measurements) == 50
+    assert sum(m.failed for m in res.measurements) == 5
+    assert all(not p.payload.failed for p in res.frontier)
+    assert [m.candidate for m in res.measurements[:20]] == init  # the shared initial design comes first
+
+
+def test_dynamic_frontier_is_pareto_in_dynamic_energy():
+    prob, gpu, log = make(budget=50)
+    res = SEARCHERS.build("mbo", config={"seed": 2, **FAST}).run(prob)
+    t = res.dynamic_frontier.times
+    e = res.dynamic_frontier.energies
+    assert np.all(np.diff(t) > 0) and np.all(np.diff(e) < 0)
+    assert res.dynamic_frontier.objective == "dynamic"
+
+
+def test_stop_rule_ends_early_when_predicted_gain_is_small():
+    prob, gpu, log = make(budget=400)
+    res = SEARCHERS.build("mbo", config={"seed": 0, "stop_gain": 0.5, **FAST}).run(prob)
+    assert len(res.measurements) < 400
+
+
+def test_mbo_finds_most_of_the_frontier_with_15_percent_and_beats_random():
+    ratios, rand = [], []
+    for seed in range(2):
+        prob, gpu, _ = make(budget=108, seed=seed)
+        ratios.append(hv_ratio(SEARCHERS.build("mbo", config={"seed": seed}).run(prob), gpu, prob.space))
+        prob, gpu, _ = make(budget=108, seed=seed)
+        rand.append(hv_ratio(SEARCHERS.build("random", config={"seed": seed}).run(prob), gpu, prob.space))
+    assert np.mean(ratios) > 0.95
+    assert np.mean(ratios) > np.mean(rand)
+
+
+def test_surrogate_ensemble_shapes_and_spread():
+    rng = np.random.default_rng(0)
+    X = rng.random((40, 8)) * [1000, 16, 1, 1, 1, 1, 1, 8] + [400, 1, 0, 0, 0, 0, 0, 0]
+    Y = np.column_stack([np.log(1 / X[:, 0]), np.log(X[:, 1])])
+    cfg = SurrogateConfig(members=4, rounds=50)
+    s = SURROGATES.build("xgboost", config=cfg).fit(X, Y, seed=0)
+    out = s.sample(X[:7])
+    assert out.shape == (4, 7, 2)
+    assert np.all(out.std(axis=0) >= 0) and np.any(out.std(axis=0) > 0)
+    np.testing.assert_allclose(out.mean(axis=0), Y[:7], atol=0.2)

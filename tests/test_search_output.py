@@ -1,0 +1,39 @@
+"""mode=search outputs: per-partition frontier CSVs and the summary with its stated reference."""
+import csv
+import json
+
+import kareus.search  # noqa: F401
+from kareus.registry import SEARCHERS
+from kareus.search.base import SearchProblem
+from kareus.search.output import FRONTIER_COLUMNS, write_search_outputs
+from kareus.search.space import SpaceConfig, build_space
+from kareus.search.synthetic import SYNTH_GPU, SyntheticGPU, synthetic_partition
+
+
+def test_write_search_outputs(tmp_path):
+    part = synthetic_partition("fwd_x")
+    space = build_space(part, SYNTH_GPU, SpaceConfig(sms=[4, 8, 12]))
+    fail = {space[0], space[5]}
+    gpu = SyntheticGPU(part, fail=fail)
+    prob = SearchProblem(part, space, gpu.evaluate, 40, 0, SYNTH_GPU.static_power_w, [space[0], space[5], space[9]])
+    res = SEARCHERS.build("random", config={"seed": 0}).run(prob)
+    summary = write_search_outputs(tmp_path, [res], {"fwd_x": len(space)})
+
+    rows = list(csv.DictReader(open(tmp_path / "frontiers" / "partition_fwd_x.csv")))
+    assert tuple(rows[0]) == FRONTIER_COLUMNS
+    assert len(rows) == len(res.frontier) >= 1
+    times = [float(r["time_s"]) for r in rows]
+    energies = [float(r["energy_j"]) for r in rows]
+    assert times == sorted(times) and energies == sorted(energies, reverse=True)
+    for r in rows:  # measured values of a profiled candidate
+        m = next(m for m in res.measurements if (m.candidate.slot, m.candidate.sms, m.candidate.freq_mhz)
+                 == (r["slot"], int(r["sms"]), int(r["freq_mhz"])))
+        assert float(r["time_s"]) == m.time_s and float(r["dynamic_energy_j"]) == m.dynamic_energy_j
+
+    doc = json.loads((tmp_path / "search_summary.json").read_text())
+    assert doc == json.loads(json.dumps(summary))
+    e = doc["fwd_x"]
+    assert (e["space"], e["profiled"], e["failed"]) == (len(space), 40, 2)
+    ok = [m for m in res.measurements if not m.failed]
+    assert e["reference"] == [1.1 * max(m.time_s for m in ok), 1.1 * max(m.energy_j for m in ok)]
+    assert e["hypervolume"] > 0

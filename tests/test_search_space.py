@@ -1,0 +1,144 @@
+"""Search space construction, encoding, budgets and config rules (composition included)."""
+from pathlib import Path
+
+import pytest
+
+from kareus.search.config import (MBOConfig, PassName, SearcherConfig, budget_for, config_problems, initial_size,
+                                  pass_shares)
+from kareus.search.space import FEATURES, FreqRange, SpaceConfig, build_space, clocks, encode, space_problems
+from kareus.search.synthetic import SYNTH_GPU, synthetic_partition
+from kareus.types import SEQUENTIAL, Candidate
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_default_space_is_slots_x_sms_x_clocks():
+    part = synthetic_partition()
+    space = build_space(part, SYNTH_GPU, SpaceConfig())
+    assert len(space) == 9 * 8 * 10 == 720
+    assert {c.slot for c in space} == set(part.slot_labels)
+    assert sorted({c.sms for c in space}) == list(range(2, 17, 2))
+    fs = sorted({c.freq_mhz for c in space})
+    assert fs[-1] == 1410 and fs[0] == 870 and all(SYNTH_GPU.supports_clock(f) for f in fs)
+
+
+def test_overrides_sms_list_clock_step_and_slots():
+    part = synthetic_partition()
+    cfg = SpaceConfig(sms=[3, 6, 9], freq_mhz=FreqRange(step=30, min=1200), slots=[SEQUENTIAL, "s4"])
+    space = build_space(part, SYNTH_GPU, cfg)
+    assert {c.sms for c in space} == {3, 6, 9}
+    assert sorted({c.freq_mhz for c in space}) == list(range(1200, 1411, 30))
+    assert {c.slot for c in space} == {SEQUENTIAL, "s4"}
+    with pytest.raises(ValueError, match="no slot"):
+        build_space(part, SYNTH_GPU, SpaceConfig(slots=["nope"]))
+
+
+def test_fixed_space_is_only_filtered_by_explicit_fields():
+    part = synthetic_partition()
+    fixed = [Candidate(part.key, s, n, f) for s in (SEQUENTIAL, "s1") for n in (1, 5, 20) for f in (1200, 1410)]
+    assert build_space(part, SYNTH_GPU, SpaceConfig(), fixed=fixed) == sorted(fixed)
+    got = build_space(part, SYNTH_GPU, SpaceConfig(sms=[5, 20], freq_mhz=FreqRange(max=1300)), fixed=fixed)
+    assert {(c.sms, c.freq_mhz) for c in got} == {(5, 1200), (20, 1200)}
+
+
+def test_space_problems_name_the_key():
+    bad = SpaceConfig(sms=[0, 200], freq_mhz=FreqRange(step=20, min=100))
+    msgs = "\n".join(space_problems(bad, SYNTH_GPU))
+    assert "search.space.sms" in msgs and "freq_mhz.step=20" in msgs and "freq_mhz.min=100" in msgs
+    assert space_problems(SpaceConfig(), SYNTH_GPU) == []
+    assert clocks(SpaceConfig(freq_mhz=FreqRange(step=30)), SYNTH_GPU)[-1] == 1410
+
+
+def test_encoding_is_numeric_features_not_indices():
+    part = synthetic_partition()
+    cands = [Candidate(part.key, SEQUENTIAL, 4, 1410), Candidate(part.key, "s4", 8, 1200)]
+    X = encode(part, cands)
+    assert X.shape == (2, len(FEATURES))
+    assert X[0, :3].tolist() == [1410, 4, 1.0]
+    assert X[1, 0] == 1200 and X[1, 1] == 8 and X[1, 2] == 0.0
+    assert X[1, 3] == pytest.approx(4 / len(part.compute))
+    assert X[1, FEATURES.index("slot_attention")] == 1.0  # op 4 of the synthetic chain is attention
+
+
+def test_budget_and_initial_size():
+    assert budget_for(SearcherConfig(budget_frac=0.15), 720) == 108
+    assert budget_for(SearcherConfig(budget=50, budget_frac=0.9), 720) == 50
+    assert budget_for(SearcherConfig(budget=5000), 720) == 720
+    assert budget_for(SearcherConfig(budget_frac=None), 10) == 10
+    assert initial_size(SearcherConfig(), 108) == 27
+    assert initial_size(SearcherConfig(), 30) == 7
+    assert initial_size(SearcherConfig(), 4) == 4
+    assert initial_size(SearcherConfig(), 1000) == 32
+    assert initial_size(SearcherConfig(initial=5), 30) == 5
+
+
+def test_round_batch_keeps_enough_model_updates():
+    from kareus.search.config import round_batch
+
+    assert round_batch(SearcherConfig(), 1000) == 32
+    assert round_batch(SearcherConfig(), 16) == 4
+    assert round_batch(SearcherConfig(min_rounds=1), 16) == 16
+    assert round_batch(SearcherConfig(), 1) == 1
+
+
+def test_pass_shares_fill_the_batch_and_renormalise():
+    cfg = MBOConfig()
+    assert sum(n for _, n in pass_shares(cfg, 32)) == 32
+    cfg2 = MBOConfig(passes=[PassName.total, PassName.dynamic])
+    plan = dict(pass_shares(cfg2, 7))
+    assert set(plan) == {"total", "dynamic"} and sum(plan.values()) == 7 and plan["total"] >= plan["dynamic"]
+
+
+def test_config_problems():
+    msgs = config_problems(MBOConfig(budget=0, budget_frac=1.5, batch_size=0, shares={"total": -1.0, "bogus": 1.0}))
+    text = "\n".join(msgs)
+    for key in ("search.budget=0", "budget_frac=1.5", "batch_size=0", "bogus", "must be >= 0"):
+        assert key in text
+    assert config_problems(MBOConfig()) == []
+
+    class Ctx:
+        gpu = SYNTH_GPU
+
+    bad_space = MBOConfig(space=SpaceConfig(freq_mhz=FreqRange(step=7)))
+    assert any("freq_mhz.step=7" in m for m in bad_space.problems(Ctx()))
+
+
+@pytest.fixture()
+def compose(tmp_path):
+    """Compose conf/search/*.yaml under a minimal primary config with the stored schemas."""
+    from hydra import compose as hcompose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    import kareus.search  # noqa: F401  (registers the searchers)
+    from kareus.config.store import store_all
+
+    store_all()
+    (tmp_path / "search").symlink_to(ROOT / "conf" / "search")
+    (tmp_path / "config.yaml").write_text("defaults:\n  - search: mbo\n  - _self_\nseed: 3\n")
+
+    def run(overrides):
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(str(tmp_path), version_base="1.3"):
+            return hcompose("config", overrides=overrides)
+
+    yield run
+    GlobalHydra.instance().clear()
+
+
+def test_yaml_ablation_override_composes(compose):
+    from kareus.registry import SEARCHERS, to_dataclass
+
+    cfg = compose(["search.passes=[total,dynamic]", "search.space.sms=[3,6,9]", "search.space.freq_mhz.step=30"])
+    typed = to_dataclass(SEARCHERS.get("mbo").config_cls, cfg.search)
+    assert typed.passes == [PassName.total, PassName.dynamic]
+    assert typed.space.sms == [3, 6, 9] and typed.space.freq_mhz.step == 30
+    for name in ("exhaustive", "random", "nsga2", "tpe", "artifact", "qnehvi"):
+        sec = compose([f"search={name}"]).search
+        assert sec.name == name
+        to_dataclass(SEARCHERS.get(name).config_cls, sec)
+
+
+def test_yaml_bad_pass_fails_at_composition(compose):
+    with pytest.raises(Exception, match="dynamc"):
+        compose(["search.passes=[total,dynamc]"])
