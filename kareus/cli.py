@@ -59,14 +59,7 @@ def app(cfg: DictConfig) -> Any:
     """The Hydra task: validate everything first, then run the mode."""
     from kareus.config.validate import ConfigError, validate
 
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
     run_dir = _run_dir()
-    try:
-        OmegaConf.resolve(cfg)  # interpolations (${hardware.max_mhz}) need the whole tree; sections are typed apart
-    except OmegaConfBaseException as err:
-        _fail([f"{err.full_key or 'config'}: {str(err).splitlines()[0]}"], run_dir)
     try:
         typed = validate(cfg)
     except ConfigError as err:

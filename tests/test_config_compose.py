@@ -176,3 +176,9 @@ def test_user_model_typo_fails_at_composition(error_text, tmp_path):
     sp = _user_dir(tmp_path, "typo", USER_MODEL.replace("num_layers", "num_layer").replace("my_model", "typo"))
     text = fails_to_compose(error_text, sp, "+model=typo")
     assert "model.num_layer" in text
+
+
+def test_search_seed_follows_the_run_seed_unless_set():
+    base = ("+model=tiny", "parallel=pp2_tp2")
+    assert validate(compose_config(*base, "seed=5"))["search"].seed == 5
+    assert validate(compose_config(*base, "seed=5", "search.seed=3"))["search"].seed == 3

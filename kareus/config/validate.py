@@ -133,6 +133,7 @@ def _unknown_keys(prefix: str, node: Any) -> list[str]:
 
 def validate(cfg: Any) -> dict[str, Any]:
     """Check a composed config; return the typed sections, or raise ConfigError listing every problem."""
+    cfg = _resolved(cfg)
     problems: list[str] = _unknown_keys("", cfg)
     problems += [f"{key}: missing value" for key in sorted(_missing_keys(cfg))]
     typed: dict[str, Any] = {}
@@ -173,3 +174,21 @@ def _missing_keys(node: Any) -> set[str]:
     from omegaconf import DictConfig, OmegaConf
 
     return set(OmegaConf.missing_keys(node)) if isinstance(node, DictConfig) else set()
+
+
+def _resolved(cfg: Any) -> Any:
+    """A resolved copy: interpolations (``${seed}``, ``${hardware.max_mhz}``) need the whole tree,
+    and sections are typed one by one."""
+    import copy
+
+    from omegaconf import DictConfig, OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    if not isinstance(cfg, DictConfig):
+        return cfg
+    cfg = copy.deepcopy(cfg)
+    try:
+        OmegaConf.resolve(cfg)
+    except OmegaConfBaseException as err:
+        raise ConfigError([f"{err.full_key or 'config'}: {_first_line(err)}"]) from None
+    return cfg

@@ -98,7 +98,8 @@ def run_search_task(task: PartitionSearchTask, listeners: Sequence[Callable[[Any
             bus.emit(SearchStarted(part.key, len(space), budget, task.search["name"]))
             searcher = SEARCHERS.build(task.search["name"], config=scfg)
             result = searcher.run(SearchProblem(
-                partition=part, space=space, evaluate=profiler.evaluator(part), budget=budget, seed=task.seed,
+                partition=part, space=space, evaluate=profiler.evaluator(part), budget=budget,
+                seed=int(getattr(scfg, "seed", task.seed)),
                 static_power_w=float(backend.gpu.static_power_w), initial=list(task.initial or []),
                 emit=bus.emit))
             if hasattr(result, "gpu_seconds") and not result.gpu_seconds:
