@@ -119,3 +119,21 @@ def convert_a100_attention(src_dir: str | Path = DEFAULT_SRC, out_csv: str | Pat
         for key, _, sms, neg_mhz, i, slot, t, e in sorted(lines):  # slots in chain order
             w.writerow([key, slot, sms, -neg_mhz, f"{t:.9g}", f"{e:.9g}", i])
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m kareus.hardware.tables [SRC_DIR] [OUT_CSV]``: convert the real A100 table for replay."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m kareus.hardware.tables", description=main.__doc__)
+    ap.add_argument("src", nargs="?", default=str(DEFAULT_SRC), help="folder of the recorded A100 CSVs")
+    ap.add_argument("out", nargs="?", default="runs/replay/a100_attention_tp2.csv", help="replay table to write")
+    args = ap.parse_args(argv)
+    if not Path(args.src).is_dir():
+        ap.error(f"src: {args.src} is not a folder with {', '.join(FILES.values())}")
+    print(convert_a100_attention(args.src, args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

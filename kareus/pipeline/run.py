@@ -142,7 +142,7 @@ def _microbatch_frontiers(comp: Any) -> dict[str, Any]:
 def _print_search_summary(console: Console, summary: dict[str, Any], gpu_seconds: float, ctx: RunContext) -> None:
     from rich.table import Table
 
-    label = "simulated " if ctx.simulated else ""
+    label = {"sim": "simulated ", "replay": "replayed "}.get(ctx.hardware_name, "")
     table = Table(title=f"Partition searches ({ctx.cfg.search.name}, {label}{ctx.gpu.name})")
     for col in ("partition", "space", "profiled", "failed", "frontier points"):
         table.add_column(col, justify="right" if col != "partition" else "left")
