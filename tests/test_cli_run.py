@@ -1,0 +1,84 @@
+"""The mission's exact command, end to end in a subprocess from a fresh working directory, and its
+resume: everything the run promises is on disk, and a resumed run measures nothing twice."""
+from __future__ import annotations
+
+import csv
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+import yaml
+
+from test_cli_errors import MISSION, kareus
+
+pytestmark = pytest.mark.slow
+
+
+def _run_dir(cwd: Path) -> Path:
+    dirs = sorted(p.parent for p in (cwd / "runs").glob("*/*/summary.json"))
+    assert dirs, "no run directory with a summary"
+    return dirs[-1]
+
+
+def _journal_rows(run_dir: Path) -> int:
+    with sqlite3.connect(run_dir / "journal.sqlite") as con:
+        table = con.execute("select name from sqlite_master where type='table' and name like '%measure%'").fetchone()
+        return con.execute(f"select count(*) from {table[0]}").fetchone()[0]
+
+
+@pytest.fixture(scope="module")
+def mission_run(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("mission")
+    res = kareus(cwd, *MISSION, "hydra.run.dir=runs/first/run", timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return cwd, res
+
+
+def test_mission_command_writes_frontiers_plans_and_record(mission_run):
+    cwd, res = mission_run
+    run = cwd / "runs" / "first" / "run"
+    summary = json.loads((run / "search_summary.json").read_text())
+    assert set(summary) >= {"fwd_attn", "fwd_mlp", "bwd_attn", "bwd_mlp"}
+    for key, s in summary.items():
+        assert 0 < s["profiled"] < s["space"], (key, s)  # a search, not an enumeration
+        rows = list(csv.DictReader((run / "frontiers" / f"partition_{key}.csv").open()))
+        assert rows and set(rows[0]) == {"slot", "sms", "freq_mhz", "time_s", "energy_j", "dynamic_energy_j"}
+    rows = list(csv.DictReader((run / "frontier_iteration.csv").open()))
+    assert rows[0]["plan"] == "megatron_reference"  # the reference rides along for comparison
+    frontier = rows[1:]
+    times = [float(r["time_s"]) for r in frontier]
+    energies = [float(r["energy_j"]) for r in frontier]
+    assert times == sorted(times) and energies == sorted(energies, reverse=True)  # a Pareto frontier
+    plans = sorted((run / "plans").glob("*.yaml"))
+    assert len(plans) == len(frontier)
+    selected = yaml.safe_load((run / "plan_selected.yaml").read_text())
+    assert selected["predicted_time_s"] == pytest.approx(min(times))  # max_throughput by default
+    out = json.loads((run / "summary.json").read_text())
+    assert out["selected"]["time_s"] <= out["reference"]["time_s"]  # never slower than Megatron
+    assert "Megatron" in res.stdout and "simulated" in res.stdout
+    assert (cwd / "runs" / "mlflow.db").is_file()
+
+
+def test_resume_measures_nothing_twice(mission_run):
+    cwd, _ = mission_run
+    first = cwd / "runs" / "first" / "run"
+    before = _journal_rows(first)
+    res = kareus(cwd, *MISSION, f"resume={first}", "hydra.run.dir=runs/second/run", "tracking.enabled=false",
+                 timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert _journal_rows(first) == before  # every candidate answered from the journal
+    a = json.loads((first / "search_summary.json").read_text())
+    b = json.loads((cwd / "runs" / "second" / "run" / "search_summary.json").read_text())
+    assert a == b
+
+
+def test_resume_under_another_config_is_refused(mission_run):
+    cwd, _ = mission_run
+    first = cwd / "runs" / "first" / "run"
+    res = kareus(cwd, *MISSION, f"resume={first}", "search.budget_frac=0.2", "hydra.run.dir=runs/third/run",
+                 "tracking.enabled=false", timeout=600)
+    assert res.returncode == 2
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: resume:"), res.stderr
+    assert "Traceback" not in res.stderr
