@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from kareus.config.bounds import out_of_bounds
 from kareus.launch.task import PartitionSearchTask, gpus_needed, run_search_task
 from kareus.registry import LAUNCHERS
 from kareus.search.base import SearchResult
@@ -56,9 +57,7 @@ class ProcessLauncherConfig:
     start_method: str = "spawn"  # spawn: no inherited threads or GPU handles
 
     def problems(self, ctx: Any = None) -> list[str]:
-        out = []
-        if self.workers < 0:
-            out.append(f"workers={self.workers} must be >= 0")
+        out = out_of_bounds(self, nonnegative=("workers",))
         if self.start_method not in ("spawn", "forkserver", "fork"):
             out.append(f"start_method={self.start_method!r} must be spawn, forkserver or fork")
         return out
@@ -106,12 +105,7 @@ class RayLauncherConfig:
     shutdown: bool = True  # shut an embedded Ray down after the run
 
     def problems(self, ctx: Any = None) -> list[str]:
-        out = []
-        if self.gpus_per_task is not None and self.gpus_per_task < 0:
-            out.append(f"gpus_per_task={self.gpus_per_task} must be >= 0")
-        if self.cpus_per_task < 0:
-            out.append(f"cpus_per_task={self.cpus_per_task} must be >= 0")
-        return out
+        return out_of_bounds(self, nonnegative=("gpus_per_task", "cpus_per_task"))
 
 
 def _broken_amdsmi_shim() -> str | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kareus.config.bounds import out_of_bounds
 from kareus.config.store import register_schema
 
 
@@ -33,27 +34,11 @@ class ProfilerConfig:
 
     def problems(self, ctx: Any = None) -> list[str]:
         """Every cross-field problem at once (empty when the config is usable)."""
-        out: list[str] = []
-        if self.target_window_s <= 0:
-            out.append(f"profiler.target_window_s={self.target_window_s} must be > 0")
-        if self.min_window_s < 0:
-            out.append(f"profiler.min_window_s={self.min_window_s} must be >= 0")
+        out = out_of_bounds(self, "profiler.", positive=("target_window_s", "mad_threshold"),
+                            nonnegative=("min_window_s", "settle_s", "warmup_runs", "retries"),
+                            at_least_one=("calibration_runs", "max_executions", "repeats"))
         if self.min_window_s > self.target_window_s:
             out.append(f"profiler.min_window_s={self.min_window_s} exceeds target_window_s={self.target_window_s}")
-        if self.settle_s < 0:
-            out.append(f"profiler.settle_s={self.settle_s} must be >= 0")
-        if self.warmup_runs < 0:
-            out.append(f"profiler.warmup_runs={self.warmup_runs} must be >= 0")
-        if self.calibration_runs < 1:
-            out.append(f"profiler.calibration_runs={self.calibration_runs} must be >= 1")
-        if self.max_executions < 1:
-            out.append(f"profiler.max_executions={self.max_executions} must be >= 1")
-        if self.repeats < 1:
-            out.append(f"profiler.repeats={self.repeats} must be >= 1")
-        if self.retries < 0:
-            out.append(f"profiler.retries={self.retries} must be >= 0")
-        if self.mad_threshold <= 0:
-            out.append(f"profiler.mad_threshold={self.mad_threshold} must be > 0")
         out += _component_problems("profiler.cooldown", self.cooldown, "COOLDOWNS")
         out += _component_problems("profiler.frequency", self.frequency, "FREQUENCY_CONTROLLERS")
         return out

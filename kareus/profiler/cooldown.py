@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from kareus.config.bounds import out_of_bounds
 from kareus.hardware.base import HardwareBackend
 from kareus.registry import COOLDOWNS
 from kareus.types import Op, OpKind
@@ -32,7 +33,7 @@ class FixedCooldownConfig:
     seconds: float = 5.0  # the published protocol
 
     def problems(self, ctx: Any = None) -> list[str]:
-        return [] if self.seconds >= 0 else [f"seconds={self.seconds} must be >= 0"]
+        return out_of_bounds(self, nonnegative=("seconds",))
 
 
 @COOLDOWNS.register("fixed", FixedCooldownConfig)
@@ -72,14 +73,7 @@ class TemperatureCooldownConfig:
     poll_s: float = 0.5  # temperature polling period
 
     def problems(self, ctx: Any = None) -> list[str]:
-        out = []
-        if self.delta_c < 0:
-            out.append(f"delta_c={self.delta_c} must be >= 0")
-        if self.timeout_s < 0:
-            out.append(f"timeout_s={self.timeout_s} must be >= 0")
-        if self.poll_s <= 0:
-            out.append(f"poll_s={self.poll_s} must be > 0")
-        return out
+        return out_of_bounds(self, positive=("poll_s",), nonnegative=("delta_c", "timeout_s"))
 
 
 @COOLDOWNS.register("temperature", TemperatureCooldownConfig)
@@ -115,16 +109,7 @@ class PredictiveCooldownConfig:
     poll_s: float = 0.25  # top-up polling period when the prediction fell short
 
     def problems(self, ctx: Any = None) -> list[str]:
-        out = []
-        if self.delta_c <= 0:
-            out.append(f"delta_c={self.delta_c} must be > 0")
-        if self.tau_s <= 0:
-            out.append(f"tau_s={self.tau_s} must be > 0")
-        if self.timeout_s < 0:
-            out.append(f"timeout_s={self.timeout_s} must be >= 0")
-        if self.poll_s <= 0:
-            out.append(f"poll_s={self.poll_s} must be > 0")
-        return out
+        return out_of_bounds(self, positive=("delta_c", "tau_s", "poll_s"), nonnegative=("timeout_s",))
 
 
 @COOLDOWNS.register("predictive", PredictiveCooldownConfig)
@@ -190,13 +175,10 @@ class CompensatedCooldownConfig:
     min_span_c: float = 1.0  # a probe spanning fewer degrees cannot fit a slope: no correction then
 
     def problems(self, ctx: Any = None) -> list[str]:
-        out = []
-        if self.seconds < 0 or self.probe_idle_s < 0:
-            out.append("seconds and probe_idle_s must be >= 0")
-        if self.cycles < 1 or self.probe_windows < 2 or self.probe_window_s <= 0:
-            out.append("cycles >= 1, probe_windows >= 2 and probe_window_s > 0 are required")
-        if self.tau_s <= 0:
-            out.append(f"tau_s={self.tau_s} must be > 0")
+        out = out_of_bounds(self, positive=("probe_window_s", "tau_s"), nonnegative=("seconds", "probe_idle_s"),
+                            at_least_one=("cycles",))
+        if self.probe_windows < 2:
+            out.append(f"probe_windows={self.probe_windows} must be >= 2")
         return out
 
 
@@ -352,11 +334,7 @@ class ThermalCooldownConfig:
     min_fit_windows: int = 8  # windows before the time constant is fitted
 
     def problems(self, ctx: Any = None) -> list[str]:
-        out = []
-        if self.seconds < 0:
-            out.append(f"seconds={self.seconds} must be >= 0")
-        if self.anchor_window_s <= 0 or self.tau_s <= 0:
-            out.append("anchor_window_s and tau_s must be > 0")
+        out = out_of_bounds(self, positive=("anchor_window_s", "tau_s"), nonnegative=("seconds",))
         if self.growth < 1 or self.min_step_c < 0:
             out.append("growth must be >= 1 and min_step_c >= 0")
         if not 0 < self.hot_frac <= 1 or self.target_rel_se <= 0 or self.noise_floor <= 0:

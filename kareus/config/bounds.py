@@ -1,0 +1,18 @@
+"""The one way config classes report numbers outside their bounds: ``<prefix><name>=<value> must be ...``."""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+
+def out_of_bounds(cfg: Any, prefix: str = "", *, positive: Iterable[str] = (), nonnegative: Iterable[str] = (),
+                  at_least_one: Iterable[str] = ()) -> list[str]:
+    """One problem line per field outside its bound (None means unset and passes), fields in order."""
+    rules = [(n, lambda v: v > 0, "> 0") for n in positive]
+    rules += [(n, lambda v: v >= 0, ">= 0") for n in nonnegative]
+    rules += [(n, lambda v: v >= 1, ">= 1") for n in at_least_one]
+    out = []
+    for name, ok, text in rules:
+        value = getattr(cfg, name)
+        if value is not None and not ok(value):
+            out.append(f"{prefix}{name}={value} must be {text}")
+    return out
