@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from kareus.launch import (PartitionSearchTask, config_hash, gpus_needed, run_search_task, task_from_dict,
-                           task_to_dict)
+from kareus.config.hashing import stable_hash
+from kareus.launch import PartitionSearchTask, gpus_needed, run_search_task, task_from_dict, task_to_dict
 from kareus.profiler import Journal
 from kareus.launch.task_main import result_to_dict
 from kareus.registry import LAUNCHERS
@@ -30,7 +30,7 @@ def sim_tasks(journal: Path, seeds=(3, 4)) -> list[PartitionSearchTask]:
 
     parts = [window_partition(-1), window_partition(5)]
     cfg = {"hardware": {"name": "sim"}, "search": SEARCH, "profiler": FAST_PROFILER}
-    h = config_hash(cfg)
+    h = stable_hash(cfg)
     return [PartitionSearchTask(partition=p, hardware={"name": "sim"}, search=SEARCH, profiler=FAST_PROFILER,
                                 seed=s, journal_path=str(journal), config_hash=h) for p, s in zip(parts, seeds)]
 
@@ -139,7 +139,7 @@ def replay_task(table: Path, journal: Path) -> PartitionSearchTask:
               "surrogate": {"members": 2, "rounds": 10, "threads": 1}}
     prof = {"cooldown": {"name": "fixed"}, "frequency": {"name": "sim"}}
     return PartitionSearchTask(partition=window_partition(-1), hardware=hw, search=search, profiler=prof, seed=11,
-                               journal_path=str(journal), config_hash=config_hash([hw, search, prof, 11]))
+                               journal_path=str(journal), config_hash=stable_hash([hw, search, prof, 11]))
 
 
 def _rows(path: str) -> int:

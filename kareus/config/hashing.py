@@ -1,6 +1,7 @@
-"""A stable hash of what a measurement depends on, so a journal is never continued under another setup."""
+"""Stable hashes of configs, so a journal is never continued under another setup."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from typing import Any
@@ -10,11 +11,21 @@ from typing import Any
 MEASURED_SECTIONS = ("model", "parallel", "hardware", "partitioner", "profiler", "search", "seed")
 
 
-def config_hash(cfg: Any) -> str:
-    """sha256 (16 hex digits) of the measurement-relevant sections of a resolved config."""
-    from omegaconf import OmegaConf
+def stable_hash(obj: Any) -> str:
+    """sha256 (16 hex digits) of any config: dict, list, DictConfig or dataclass, interpolations resolved."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
 
-    container = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True) if not isinstance(cfg, dict) else cfg
-    picked = {k: container.get(k) for k in MEASURED_SECTIONS}
-    blob = json.dumps(picked, sort_keys=True, default=str, separators=(",", ":"))
+    if isinstance(obj, (DictConfig, ListConfig)):
+        obj = OmegaConf.to_container(obj, resolve=True, enum_to_str=True)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        obj = dataclasses.asdict(obj)
+    blob = json.dumps(obj, sort_keys=True, default=str, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def config_hash(cfg: Any) -> str:
+    """The hash of a run's measurement-relevant sections (what its journal is keyed by)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    container = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True) if isinstance(cfg, DictConfig) else cfg
+    return stable_hash({k: container.get(k) for k in MEASURED_SECTIONS})

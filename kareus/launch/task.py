@@ -6,7 +6,6 @@ backend, frequency controller, cooldown, journal handle, profiler and searcher f
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
@@ -32,23 +31,6 @@ class PartitionSearchTask:
     # zero-arg picklable callables, each returning an event listener built inside the worker
     listener_factories: list[ListenerFactory] = field(default_factory=list)
     initial: list[Candidate] | None = None  # a shared initial design, if any
-
-
-def config_hash(obj: Any) -> str:
-    """A stable short hash of a config (dict / DictConfig / dataclass) for the journal's guard."""
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-
-        if isinstance(obj, (DictConfig, ListConfig)):
-            obj = OmegaConf.to_container(obj, resolve=True)
-    except ImportError:  # pragma: no cover
-        pass
-    import dataclasses
-
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        obj = asdict(obj)
-    text = json.dumps(obj, sort_keys=True, default=str, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def is_real_gpu(hardware: dict[str, Any]) -> bool:
