@@ -46,13 +46,14 @@ class RunContext:
 
 def build_context(cfg: DictConfig, typed: dict[str, Any], run_dir: Path) -> RunContext:
     """Resolve the model and layout, build the workload graph and partition it (no measurement)."""
+    from kareus.config.schema import ModelConfig, ParallelConfig
     from kareus.errors import KareusError
-    from kareus.registry import PARTITIONERS
+    from kareus.registry import PARTITIONERS, to_dataclass
     from kareus.workload import build_workload
 
     gpu = typed["hardware"].gpu_spec()
-    parallel = _typed(cfg.parallel, "kareus.config.schema", "ParallelConfig").spec()
-    model = _typed(cfg.model, "kareus.config.schema", "ModelConfig").spec() if cfg.get("model") is not None else None
+    parallel = to_dataclass(ParallelConfig, cfg.parallel).spec()
+    model = to_dataclass(ModelConfig, cfg.model).spec() if cfg.get("model") is not None else None
     workload = partitioning = None
     if model is not None:
         workload = build_workload(model, parallel, gpu.gpus_per_node)
@@ -66,10 +67,3 @@ def build_context(cfg: DictConfig, typed: dict[str, Any], run_dir: Path) -> RunC
                       workload=workload, partitioning=partitioning, config_hash=config_hash(cfg),
                       journal_dir=journal_dir)
 
-
-def _typed(node: Any, module: str, cls_name: str) -> Any:
-    import importlib
-
-    from kareus.registry import to_dataclass
-
-    return to_dataclass(getattr(importlib.import_module(module), cls_name), node)

@@ -122,13 +122,21 @@ def _compose_and_plan(ctx: RunContext, console: Console, backend: Any, results: 
                            "time_saving_pct": 100 * (1 - selected.predicted_time_s / ref_t),
                            "energy_saving_pct": 100 * (1 - selected.predicted_energy_j / ref_e)}
         s = out["selected"]
-        console.print(f"selected plan ({ctx.typed['plan'].select.value if ctx.typed['plan'].deadline_s is None and ctx.typed['plan'].energy_budget_j is None else 'constraint'}): "
-                      f"{s['time_s']:.4f} s, {s['energy_j']:.1f} J per iteration; vs Megatron "
-                      f"{s['time_saving_pct']:+.1f}% time saved, {s['energy_saving_pct']:+.1f}% energy saved ({label})")
+        console.print(f"selected plan ({_selection_rule(ctx.typed['plan'])}): {s['time_s']:.4f} s, "
+                      f"{s['energy_j']:.1f} J per iteration; against Megatron {s['time_saving_pct']:+.1f}% time "
+                      f"and {s['energy_saving_pct']:+.1f}% energy saved ({label})")
         console.print(f"run directory: {ctx.run_dir}")
     if selection_error is not None:
         raise KareusError(f"plan: {selection_error} (the frontier and all plans are in {ctx.run_dir})")
     return out
+
+
+def _selection_rule(plan: Any) -> str:
+    if plan.deadline_s is not None:
+        return f"least energy within {plan.deadline_s} s"
+    if plan.energy_budget_j is not None:
+        return f"fastest within {plan.energy_budget_j} J"
+    return plan.select.value
 
 
 def _microbatch_frontiers(comp: Any) -> dict[str, Any]:
