@@ -209,6 +209,25 @@ def _reclaim_forward(dag: PipelineDAG, node_tab: Sequence[_KeyTable], pos: np.nd
     return pos
 
 
+def _silent_highs(h: Any) -> Any:
+    """A HiGHS instance without its banner: the first one in a process prints it on the C-level
+    stdout, which is the user's terminal, so that descriptor is pointed at /dev/null meanwhile."""
+    import os
+    import sys
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            solver = h.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+    solver.setOptionValue("output_flag", False)
+    return solver
+
+
 class _LP:
     """The deadline LP in sparse form; only the upper bound on T changes between deadlines.
 
@@ -270,8 +289,7 @@ class _LP:
         lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = A.indptr, A.indices, A.data
         lp.col_cost_, lp.col_lower_, lp.col_upper_ = self.c, self.lb, self.ub
         lp.row_lower_, lp.row_upper_ = np.full(A.shape[0], -np.inf), self.b
-        solver = h.Highs()
-        solver.setOptionValue("output_flag", False)
+        solver = _silent_highs(h)
         if solver.passModel(lp) == h.HighsStatus.kError:
             raise RuntimeError("HiGHS rejected the deadline LP")
         self._optimal = h.HighsModelStatus.kOptimal
