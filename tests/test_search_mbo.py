@@ -40,7 +40,7 @@ def hv_ratio(result, gpu, space):
 
 def test_registries_hold_mbo_its_surrogate_and_passes():
     assert "mbo" in SEARCHERS and "xgboost" in SURROGATES
-    for p in ("total", "dynamic", "static", "uncertainty"):
+    for p in ("total", "dynamic", "static", "uncertainty", "local", "coverage"):
         assert p in ACQUISITIONS
 
 
@@ -65,7 +65,7 @@ def test_annotations_events_and_predictions_are_kept():
     first_batch, first_notes = log[0]
     assert all(n["pass"] == "initial" for n in first_notes)
     later = [n for _, notes in log[1:] for n in notes]
-    assert later and all(n["pass"] in {"total", "dynamic", "static", "uncertainty"} for n in later)
+    assert later and all(n["pass"] in {"total", "dynamic", "static", "uncertainty", "coverage", "local"} for n in later)
     assert all(set(n["predicted"]) >= {"time_s", "energy_j", "dynamic_energy_j"} for n in later)
     batches = [e for e in events if isinstance(e, BatchFinished)]
     assert len(batches) == len(log) and batches[-1].profiled == 60
@@ -77,10 +77,64 @@ def test_annotations_events_and_predictions_are_kept():
 
 def test_ablation_two_passes_uses_only_those():
     prob, gpu, log = make(budget=60)
-    cfg = {"seed": 0, "passes": ["total", "dynamic"], **FAST}
+    cfg = {"seed": 0, "passes": ["total", "dynamic"], "min_per_slot": 0, "final_local": 0.0, **FAST}
     SEARCHERS.build("mbo", config=cfg).run(prob)
     used = {n["pass"] for _, notes in log[1:] for n in notes}
     assert used == {"total", "dynamic"}
+
+
+def test_ablation_keeps_the_batch_policies_beside_the_chosen_passes():
+    prob, gpu, log = make(budget=60)
+    SEARCHERS.build("mbo", config={"seed": 0, "passes": ["total", "dynamic"], **FAST}).run(prob)
+    used = {n["pass"] for _, notes in log[1:] for n in notes}
+    assert {"total", "dynamic"} <= used <= {"total", "dynamic", "coverage", "local"}
+    assert log[-1][1][0]["pass"] == "local"  # the last batch exploits around the measured frontier first
+
+
+def test_coverage_gives_an_unmeasured_slot_guided_looks_and_can_be_switched_off():
+    from kareus.search.design import latin_hypercube as lhs
+
+    part = synthetic_partition()
+    space = build_space(part, SYNTH_GPU, SpaceConfig())
+    slots = sorted({c.slot for c in space})
+    init = [c for c in lhs(space, part, 40, 0) if c.slot != slots[0]][:6]  # one slot left out of the design
+    prob, gpu, log = make(budget=40, initial=init)
+    res = SEARCHERS.build("mbo", config={"seed": 0, **FAST}).run(prob)
+    cov = [m.candidate for m, n in zip(res.measurements, [n for _, notes in log for n in notes]) if n["pass"] == "coverage"]
+    assert cov and any(c.slot == slots[0] for c in cov)
+    prob, gpu, log = make(budget=40, initial=init)
+    SEARCHERS.build("mbo", config={"seed": 0, "min_per_slot": 0, **FAST}).run(prob)
+    assert not any(n["pass"] == "coverage" for _, notes in log for n in notes)
+
+
+def test_coverage_pass_takes_one_best_candidate_per_sparse_slot():
+    from kareus.search.acquisition import Context
+
+    n = 6
+    t = np.array([1.0, 2.0, 1.5, 3.0, 0.5, 0.6])
+    samples = {"time": np.tile(t, (2, 1)), "total": np.tile(t[::-1].copy(), (2, 1))}
+    samples |= {"dynamic": samples["total"], "static": samples["time"]}
+    measured = {k: np.array([2.5, 3.5]) for k in ("time", "total", "dynamic", "static")}
+    slot_of = np.array([0, 0, 1, 1, 2, 2])
+    sparse = np.array([True, True, True, True, False, False])
+    ctx = Context(np.arange(n), samples, measured, slot_of=slot_of, sparse=sparse)
+    picks = [p for p, _ in ACQUISITIONS.build("coverage").select(ctx, 5, np.ones(n, dtype=bool))]
+    assert len(picks) == 2 and {int(slot_of[p]) for p in picks} == {0, 1}  # one per sparse slot, none from slot 2
+
+
+def test_local_pass_picks_only_grid_neighbours_of_the_measured_front():
+    from kareus.search.acquisition import Context
+
+    rng = np.random.default_rng(0)
+    n = 30
+    samples = {k: rng.random((4, n)) + 1.0 for k in ("time", "total", "dynamic", "static")}
+    measured = {k: rng.random(5) + 1.0 for k in ("time", "total", "dynamic", "static")}
+    near = np.zeros(n, dtype=bool)
+    near[[3, 7, 11]] = True
+    ctx = Context(np.arange(n), samples, measured, near=near)
+    picks = [p for p, _ in ACQUISITIONS.build("local").select(ctx, 10, np.ones(n, dtype=bool))]
+    assert sorted(picks) == [3, 7, 11]
+    assert ACQUISITIONS.build("local").select(Context(np.arange(n), samples, measured), 4, np.ones(n, bool)) == []
 
 
 def test_failed_measurements_count_against_budget_but_not_frontier():
@@ -125,6 +179,7 @@ def test_mbo_finds_most_of_the_frontier_with_15_percent_and_beats_random():
 def test_surrogate_ensemble_shapes_and_spread():
     rng = np.random.default_rng(0)
     X = rng.random((40, 8)) * [1000, 16, 1, 1, 1, 1, 1, 8] + [400, 1, 0, 0, 0, 0, 0, 0]
+    X[:, 7] = np.floor(X[:, 7])  # slot rank is an integer
     Y = np.column_stack([np.log(1 / X[:, 0]), np.log(X[:, 1])])
     cfg = SurrogateConfig(members=4, rounds=50)
     s = SURROGATES.build("xgboost", config=cfg).fit(X, Y, seed=0)

@@ -1,6 +1,7 @@
 """Search space construction, encoding, budgets and config rules (composition included)."""
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from kareus.search.config import (MBOConfig, PassName, SearcherConfig, budget_for, config_problems, initial_size,
@@ -60,6 +61,20 @@ def test_encoding_is_numeric_features_not_indices():
     assert X[1, FEATURES.index("slot_attention")] == 1.0  # op 4 of the synthetic chain is attention
 
 
+def test_encoding_places_slots_by_the_work_before_and_after_them():
+    part = synthetic_partition()
+    labels = [s.label for s in part.slots]
+    X = encode(part, [Candidate(part.key, s, 4, 1410) for s in labels])
+    before = X[:, FEATURES.index("flops_before")]
+    overlap = X[:, FEATURES.index("flops_overlap")]
+    flops = np.array([op.flops for op in part.compute])
+    starts = [s.start for s in part.slots]
+    assert before == pytest.approx([flops[:a].sum() / flops.sum() for a in starts])
+    assert np.all(np.diff(before) >= 0) and np.all(np.diff(overlap) <= 0)  # later slot: less work left to hide comm
+    seq = encode(part, [Candidate(part.key, SEQUENTIAL, 4, 1410)])[0]
+    assert seq[FEATURES.index("flops_overlap")] == 0.0 and seq[FEATURES.index("bytes_overlap")] == 0.0
+
+
 def test_budget_and_initial_size():
     assert budget_for(SearcherConfig(budget_frac=0.15), 720) == 108
     assert budget_for(SearcherConfig(budget=50, budget_frac=0.9), 720) == 50
@@ -95,6 +110,7 @@ def test_config_problems():
     for key in ("search.budget=0", "budget_frac=1.5", "batch_size=0", "bogus", "must be >= 0"):
         assert key in text
     assert config_problems(MBOConfig()) == []
+    assert any("final_local" in m for m in config_problems(MBOConfig(final_local=1.5)))
 
     class Ctx:
         gpu = SYNTH_GPU
@@ -129,12 +145,17 @@ def compose(tmp_path):
 def test_yaml_ablation_override_composes(compose):
     from kareus.registry import SEARCHERS, to_dataclass
 
+    from omegaconf import OmegaConf
+
     cfg = compose(["search.passes=[total,dynamic]", "search.space.sms=[3,6,9]", "search.space.freq_mhz.step=30"])
+    OmegaConf.resolve(cfg)  # search.seed follows the run's seed (an interpolation to the root)
     typed = to_dataclass(SEARCHERS.get("mbo").config_cls, cfg.search)
     assert typed.passes == [PassName.total, PassName.dynamic]
     assert typed.space.sms == [3, 6, 9] and typed.space.freq_mhz.step == 30
     for name in ("exhaustive", "random", "nsga2", "tpe", "artifact", "qnehvi"):
-        sec = compose([f"search={name}"]).search
+        full = compose([f"search={name}"])
+        OmegaConf.resolve(full)
+        sec = full.search
         assert sec.name == name
         to_dataclass(SEARCHERS.get(name).config_cls, sec)
 

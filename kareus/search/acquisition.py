@@ -28,6 +28,10 @@ class Context:
     greedy: bool = True
     ref_margin: float = 0.1
     ref_factor: float | None = None  # if set: ref = factor x observed maxima (raw units), as the artifact does
+    expected: bool = False  # HVI passes score the mean HVI over ensemble members (Monte-Carlo EHVI)
+    sparse: np.ndarray | None = None  # pool mask: the candidate's slot has too few measurements
+    slot_of: np.ndarray | None = None  # pool: slot id of each candidate
+    near: np.ndarray | None = None  # pool mask: within one SM/clock step of a measured Pareto point, same slot
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
 
     def mean(self, obj: str) -> np.ndarray:
@@ -54,6 +58,21 @@ def _scaled(ctx: Context, obj: str, kappa: float) -> tuple[np.ndarray, np.ndarra
     return cand, front, ref
 
 
+def _member_points(ctx: Context, obj: str) -> np.ndarray:
+    """Every ensemble member's (time, objective) prediction in the frame of ``_scaled``: (members, n, 2)."""
+    mt, mo = ctx.measured["time"], ctx.measured[obj]
+    lo = np.array([mt.min(), mo.min()])
+    hi = np.array([mt.max(), mo.max()])
+    span = np.where(hi - lo > 0, hi - lo, np.maximum(np.abs(hi), 1e-12))
+    pts = np.stack([ctx.samples["time"], ctx.samples[obj]], axis=2)
+    return (pts - lo) / span
+
+
+def _expected_hvi(members: np.ndarray, front: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """Mean HVI over ensemble members: rewards candidates that some members place on the frontier."""
+    return np.mean([hvi(m, front, ref) for m in members], axis=0)
+
+
 def _epsilon(cand: np.ndarray, front: np.ndarray) -> np.ndarray:
     """Smallest equal shift in both objectives that makes each candidate non-dominated (0 if it is)."""
     f = nondominated(front)
@@ -77,15 +96,20 @@ class HVIPass:
 
     def select(self, ctx: Context, k: int, free: np.ndarray) -> list[tuple[int, float]]:
         cand, front, ref = _scaled(ctx, self.objective, ctx.kappa)
+        members = _member_points(ctx, self.objective) if ctx.expected else None
+
+        def score(fr: np.ndarray) -> np.ndarray:
+            return _expected_hvi(members, fr, ref) if members is not None else hvi(cand, fr, ref)
+
         free = free.copy()
         if not ctx.greedy:
-            h = hvi(cand, front, ref)
+            h = score(front)
             picks = _rank_pick(h, _epsilon(cand, front), k, free)
             return [(p, float(h[p])) for p in picks]
         out: list[tuple[int, float]] = []
         front = nondominated(front)
         for _ in range(min(k, int(free.sum()))):
-            h = hvi(cand, front, ref)
+            h = score(front)
             h[~free] = -1.0
             if h.max() > 0:
                 p = int(np.argmax(h))
@@ -160,3 +184,39 @@ class Fastest:
     def select(self, ctx: Context, k: int, free: np.ndarray) -> list[tuple[int, float]]:
         t = ctx.mean("time")
         return [(p, float(-t[p])) for p in _rank_pick(-t, t, k, free)]
+
+
+@ACQUISITIONS.register("local")
+class Local(HVIPass):
+    """Exploitation: greedy total-energy HVI among the grid neighbours (same slot, one SM or clock
+    step) of measured Pareto points; measured fronts are noisy and their neighbours are near-ties."""
+
+    objective = "total"
+
+    def select(self, ctx: Context, k: int, free: np.ndarray) -> list[tuple[int, float]]:
+        if ctx.near is None:
+            return []
+        return super().select(ctx, min(k, int((free & ctx.near).sum())), free & ctx.near)
+
+
+@ACQUISITIONS.register("coverage")
+class Coverage(HVIPass):
+    """One candidate per under-measured slot (its best predicted total-energy HVI): a slot seen once
+    or twice is judged by the model's guess of its level, so it gets a few guided looks first."""
+
+    objective = "total"
+
+    def select(self, ctx: Context, k: int, free: np.ndarray) -> list[tuple[int, float]]:
+        if ctx.sparse is None or ctx.slot_of is None:
+            return []
+        cand, front, ref = _scaled(ctx, self.objective, ctx.kappa)
+        h = hvi(cand, nondominated(front), ref)
+        eps = _epsilon(cand, front)
+        mask = free & ctx.sparse
+        out: list[tuple[int, float]] = []
+        for slot in np.unique(ctx.slot_of[mask]):
+            m = mask & (ctx.slot_of == slot)
+            picks = _rank_pick(h, eps, 1, m)
+            out += [(p, float(h[p])) for p in picks]
+        out.sort(key=lambda x: (-x[1], eps[x[0]]))
+        return out[:k]

@@ -18,6 +18,8 @@ class PassName(str, Enum):
     uncertainty = "uncertainty"  # largest predictive spread among candidates that may be Pareto
     fastest = "fastest"  # lowest predicted time (the published artifact's third pass)
     spread = "spread"  # largest predictive spread anywhere (the published artifact's last pass)
+    local = "local"  # HVI among grid neighbours of measured Pareto points (exploitation)
+    coverage = "coverage"  # best candidate of each slot with fewer than min_per_slot measurements
 
 
 @dataclass
@@ -57,6 +59,7 @@ class SurrogateConfig:
     min_child_weight: float = 1.0
     threads: int = 2  # members fitted in parallel, one xgboost thread each
     linear_base: bool = True  # fit a ridge baseline on the features first, trees model the residual
+    interactions: bool = True  # ridge basis adds the slot identity and 1/clock, 1/SMs, SMs times each slot descriptor
 
 
 @dataclass
@@ -69,10 +72,14 @@ class MBOConfig(SearcherConfig):
     # share of each batch per pass; renormalised over the passes actually chosen
     shares: dict[str, float] = field(default_factory=lambda: {
         "total": 0.6, "dynamic": 0.2, "static": 0.1, "uncertainty": 0.1,
-        "fastest": 0.2, "spread": 0.2})
+        "fastest": 0.2, "spread": 0.2, "local": 0.2, "coverage": 0.2})
     surrogate: SurrogateConfig = field(default_factory=SurrogateConfig)
     kappa: float = 0.0  # HVI passes score the optimistic point mean - kappa x std (0: the mean)
     greedy: bool = True  # fill each pass by greedy HVI (each pick joins the front as predicted)
+    min_per_slot: int = 3  # slots with fewer measurements get one guided pick per batch (0: off)
+    coverage_share: float = 0.34  # at most this share of a batch goes to such picks
+    final_local: float = 0.5  # share of the last batch for the local pass (neighbours of measured Pareto points)
+    expected: bool = False  # score the mean HVI over ensemble members (Monte-Carlo EHVI) instead of the HVI of the mean
     stop_gain: float = 0.0  # stop when the batch's predicted HV gain / current HV falls below this
     ref_margin: float = 0.1  # reference point: observed maxima + margin x observed range
 
@@ -189,6 +196,8 @@ def config_problems(cfg: SearcherConfig) -> list[str]:
             out.append(f"search.surrogate.max_depth={s.max_depth} must be in 1..12")
         if s.rounds <= 0 or s.threads <= 0:
             out.append("search.surrogate.rounds and threads must be > 0")
+        if not 0 <= cfg.final_local <= 1:
+            out.append(f"search.final_local={cfg.final_local} must be in [0, 1]")
         if cfg.kappa < 0 or cfg.stop_gain < 0 or cfg.ref_margin < 0:
             out.append("search.kappa, stop_gain and ref_margin must be >= 0")
     if isinstance(cfg, ArtifactConfig):

@@ -3,6 +3,14 @@
 Each batch: fit the surrogate ensemble to log time and log dynamic energy of the measured candidates,
 derive static (static power x time) and total energy per member, then let every acquisition pass fill
 its share of the batch from the unmeasured candidates without duplicates.
+
+Two batch policies sit beside the chosen passes (``search.passes`` stays the ablation knob):
+- coverage (``min_per_slot``): a launch slot with fewer than that many measurements gets one guided
+  pick per batch (its best predicted HVI), capped at ``coverage_share`` of the batch; a slot the
+  initial design touched once is otherwise judged by a single, possibly unlucky, point;
+- final exploitation (``final_local``): the last batch first measures the best predicted grid
+  neighbours (same slot, one SM or clock step) of the measured Pareto points, where measurement
+  noise and smooth clock/SM responses put the remaining frontier points.
 """
 from __future__ import annotations
 
@@ -62,6 +70,33 @@ def annotate(ctx: Context, p: int, pass_name: str) -> dict[str, Any]:
         "time_std": float(ctx.std("time")[p]), "energy_std": float(ctx.std("total")[p])}}
 
 
+def grid_ranks(run: SearchRun) -> np.ndarray:
+    """(slot, SM level, clock level) of every candidate as integers, for grid neighbourhoods."""
+    cols = [[c.slot for c in run.space], [c.sms for c in run.space], [c.freq_mhz for c in run.space]]
+    out = np.zeros((len(run.space), 3), dtype=int)
+    for j, col in enumerate(cols):
+        levels = sorted(set(col))
+        pos = {v: i for i, v in enumerate(levels)}
+        out[:, j] = [pos[v] for v in col]
+    return out
+
+
+def near_front(run: SearchRun, grid: np.ndarray, pool: np.ndarray) -> np.ndarray:
+    """Pool mask: same slot and at most one SM and one clock step from a measured (time, total) Pareto point."""
+    ok = np.array(run.ok())
+    obj = run.objectives(list(ok))
+    keep = np.zeros(len(ok), dtype=bool)
+    order = np.lexsort((obj[:, 1], obj[:, 0]))
+    best = np.inf
+    for i in order:
+        if obj[i, 1] < best:
+            keep[i], best = True, obj[i, 1]
+    f = grid[ok[keep]]
+    g = grid[pool]
+    close = (g[:, None, 0] == f[None, :, 0]) & (np.abs(g[:, None, 1:] - f[None, :, 1:]).max(axis=2) <= 1)
+    return close.any(axis=1)
+
+
 def fill_batch(ctx: Context, plan: list[tuple[str, int]], k: int) -> tuple[list[int], list[str]]:
     """Run the passes for their counts; if some return fewer, cycle through them for the rest."""
     free = np.ones(len(ctx.pool), dtype=bool)
@@ -99,6 +134,7 @@ class MBOSearcher:
         rng = np.random.default_rng(problem.seed)
         start(run, cfg)
         batch = round_batch(cfg, run.remaining)
+        grid = grid_ranks(run)
         while run.remaining > 0:
             pool = run.unmeasured
             k = min(batch, run.remaining, len(pool))
@@ -112,9 +148,23 @@ class MBOSearcher:
             timer = Timer()
             samples, measured = predict(run, cfg.surrogate, pool, problem.seed + 7919 * run.batches)
             fit_s = timer.lap()
+            counts = np.bincount(grid[run.ok(), 0], minlength=int(grid[:, 0].max()) + 1)
             ctx = Context(pool, samples, measured, kappa=cfg.kappa, greedy=cfg.greedy, ref_margin=cfg.ref_margin,
-                          rng=rng)
-            local, names = fill_batch(ctx, pass_shares(cfg, k), k)
+                          expected=cfg.expected, near=near_front(run, grid, pool), slot_of=grid[pool, 0],
+                          sparse=counts[grid[pool, 0]] < cfg.min_per_slot, rng=rng)
+            n_local = int(round(cfg.final_local * k)) if k >= run.remaining else 0  # last batch: exploit
+            n_cov = 0
+            if cfg.min_per_slot > 0 and ctx.sparse.any():
+                n_cov = min(len(np.unique(ctx.slot_of[ctx.sparse])), int(np.floor(cfg.coverage_share * k)),
+                            k - n_local)
+            rest = k - n_local - n_cov
+            plan = [(n, c) for n, c in (("local", n_local), ("coverage", n_cov)) if c > 0]
+            plan += pass_shares(cfg, rest) if rest > 0 else []
+            local, names = fill_batch(ctx, plan, k)
+            if not local:  # the batch policies found nothing to pick: the chosen passes fill it
+                local, names = fill_batch(ctx, pass_shares(cfg, k), k)
+            if not local:  # nothing left that any pass would pick (e.g. search.passes=[local] alone)
+                break
             acq_s = timer.lap()
             gain = predicted_gain(ctx, local)
             notes = [annotate(ctx, p, n) for p, n in zip(local, names)]

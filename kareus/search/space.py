@@ -145,14 +145,30 @@ def build_space(partition: PartitionType, gpu: GPUSpec, space: SpaceConfig,
     return sorted(Candidate(partition.key, s, n, f) for s in labels for n in sms for f in fs)
 
 
-FEATURES = ("freq_mhz", "sms", "sequential", "slot_pos", "slot_memory", "slot_gemm", "slot_attention", "slot_rank")
+FEATURES = ("freq_mhz", "sms", "sequential", "slot_pos", "slot_memory", "slot_gemm", "slot_attention", "slot_rank",
+            "flops_before", "bytes_before", "flops_overlap", "bytes_overlap")
+
+
+def _work_fractions(partition: PartitionType) -> tuple[np.ndarray, np.ndarray]:
+    """Cumulative FLOPs and HBM bytes of the chain before each op, as fractions of the chain's total."""
+    out = []
+    for attr in ("flops", "bytes"):
+        w = np.array([max(float(getattr(op, attr, 0.0) or 0.0), 0.0) for op in partition.compute])
+        tot = w.sum()
+        cum = np.concatenate(([0.0], np.cumsum(w))) / tot if tot > 0 else np.linspace(0, 1, len(w) + 1)
+        out.append(cum)
+    return out[0], out[1]
 
 
 def encode(partition: PartitionType, candidates: Sequence[Candidate]) -> np.ndarray:
     """Numeric features, not indices: clock, SM count, overlap flag, where in the chain the comm starts
-    (fraction of compute ops before it), the kind of op it starts beside, and the slot's rank."""
+    (fraction of compute ops before it), the kind of op it starts beside, the slot's rank, and the
+    physical position of the slot: the chain's FLOPs and bytes before it and between it and the join
+    (the compute that can hide the comm kernel, and that its SMs slow down)."""
     n_ops = max(len(partition.compute), 1)
     rank = {label: i for i, label in enumerate(partition.slot_labels)}
+    cf, cb = _work_fractions(partition)
+    end = n_ops if partition.join is None else min(partition.join + 1, n_ops)
     X = np.zeros((len(candidates), len(FEATURES)))
     for i, c in enumerate(candidates):
         X[i, 0] = c.freq_mhz
@@ -161,14 +177,19 @@ def encode(partition: PartitionType, candidates: Sequence[Candidate]) -> np.ndar
         if c.slot == SEQUENTIAL:
             X[i, 2] = 1.0
             X[i, 3] = -0.1
+            X[i, 8:10] = -0.1
             continue
         try:
             slot = partition.slot(c.slot)
         except KeyError:  # a recorded label the partition does not know: position from its rank only
             X[i, 3] = X[i, 7] / max(len(rank), 1)
+            X[i, 8:10] = X[i, 3]
             continue
         X[i, 3] = slot.start / n_ops
         kind = {"memory": 4, "gemm": 5, "attention": 6}.get(slot.kind)
         if kind is not None:
             X[i, kind] = 1.0
+        a, b = min(slot.start, len(cf) - 1), max(min(end, len(cf) - 1), min(slot.start, len(cf) - 1))
+        X[i, 8], X[i, 9] = cf[a], cb[a]
+        X[i, 10], X[i, 11] = cf[b] - cf[a], cb[b] - cb[a]
     return X

@@ -22,11 +22,18 @@ class Surrogate(Protocol):
         """Member predictions, shape (members, len(X), targets)."""
 
 
-def _basis(X: np.ndarray) -> np.ndarray:
-    """Ridge features: clock and SMs with their reciprocals, plus the slot descriptors."""
+def _basis(X: np.ndarray, interactions: bool = False) -> np.ndarray:
+    """Ridge features: clock and SMs with their reciprocals, plus the slot descriptors; with
+    ``interactions`` also each descriptor times 1/clock and 1/SMs (time ~ a(slot) + b(slot)/f)."""
     f = np.maximum(X[:, :1], 1.0)
     s = np.maximum(X[:, 1:2], 1.0)
-    return np.hstack([f / 1000.0, 1000.0 / f, s / 10.0, 10.0 / s, X[:, 2:]])
+    cols = [f / 1000.0, 1000.0 / f, s / 10.0, 10.0 / s, X[:, 2:]]
+    if interactions:
+        rank = np.rint(X[:, 7]).astype(int) if X.shape[1] > 7 else np.zeros(len(X), dtype=int)
+        onehot = (rank[:, None] == np.arange(16)[None, :]).astype(float)  # slot identity (ranks 0..15)
+        desc = np.hstack([X[:, 2:], onehot])
+        cols += [onehot, desc * (1000.0 / f), desc * (10.0 / s), desc * (s / 10.0), (1000.0 / f) * (10.0 / s)]
+    return np.hstack(cols)
 
 
 def _ridge(A: np.ndarray, y: np.ndarray, alpha: float = 1e-2) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
@@ -63,7 +70,7 @@ class XGBoostEnsemble:
         import xgboost as xgb
 
         Xb, Yb = X[rows], Y[rows]
-        A = _basis(Xb)
+        A = _basis(Xb, self.cfg.interactions)
         out = []
         for t in range(Y.shape[1]):
             y = Yb[:, t]
@@ -89,7 +96,7 @@ class XGBoostEnsemble:
         return self
 
     def sample(self, X: np.ndarray) -> np.ndarray:
-        A = _basis(X)
+        A = _basis(X, self.cfg.interactions)
         out = np.empty((len(self._members), len(X), len(self._members[0]) if self._members else 0))
         for b, member in enumerate(self._members):
             for t, (base, booster) in enumerate(member):
