@@ -231,7 +231,7 @@ def test_search_rule(override, line):
 def test_search_shares_name_known_passes():
     assert problems("+search.shares.bogus=0.5") == [
         "search.shares: unknown pass(es) ['bogus']; known: "
-        "['dynamic', 'fastest', 'spread', 'static', 'total', 'uncertainty']"]
+        "['coverage', 'dynamic', 'fastest', 'local', 'spread', 'static', 'total', 'uncertainty']"]
 
 
 def test_search_shares_of_chosen_passes_must_not_be_all_zero():
