@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -48,6 +48,15 @@ class SearchRun:
         mask = np.ones(len(self.space), dtype=bool)
         mask[list(self.measured)] = False
         return np.flatnonzero(mask)
+
+    def batch_pools(self, size: int) -> Iterator[tuple[np.ndarray, int]]:
+        """(unmeasured pool, batch size) for each batch while budget and unmeasured candidates remain."""
+        while self.remaining > 0:
+            pool = self.unmeasured
+            k = min(size, self.remaining, len(pool))
+            if k <= 0:
+                return
+            yield pool, k
 
     def indices(self, candidates: Sequence[Candidate]) -> list[int]:
         out = []

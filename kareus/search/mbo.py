@@ -135,11 +135,7 @@ class MBOSearcher:
         start(run, cfg)
         batch = round_batch(cfg, run.remaining)
         grid = grid_ranks(run)
-        while run.remaining > 0:
-            pool = run.unmeasured
-            k = min(batch, run.remaining, len(pool))
-            if k <= 0:
-                break
+        for pool, k in run.batch_pools(batch):
             if len(run.ok()) < 3:  # nothing to model yet: widen the design at random
                 picks = rng.choice(pool, size=k, replace=False)
                 run.evaluate(picks, [{"pass": "random"} for _ in picks])

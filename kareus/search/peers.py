@@ -45,9 +45,7 @@ class RandomSearcher:
         rng = np.random.default_rng(problem.seed + 1)
         start(run, self.cfg)
         batch = round_batch(self.cfg, run.remaining)
-        while run.remaining > 0:
-            pool = run.unmeasured
-            k = min(batch, run.remaining, len(pool))
+        for pool, k in run.batch_pools(batch):
             picks = rng.choice(pool, size=k, replace=False)
             run.evaluate(picks, [{"pass": "random"} for _ in picks])
             run.finish_batch()
@@ -70,11 +68,7 @@ class ArtifactSearcher:
         start(run, cfg)
         surrogate = SurrogateConfig(members=cfg.members, linear_base=False)
         batch = round_batch(cfg, run.remaining)
-        while run.remaining > 0:
-            pool = run.unmeasured
-            k = min(batch, run.remaining, len(pool))
-            if k <= 0:
-                break
+        for pool, k in run.batch_pools(batch):
             timer = Timer()
             samples, measured = predict(run, surrogate, pool, problem.seed + 7919 * run.batches)
             fit_s = timer.lap()

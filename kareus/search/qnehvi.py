@@ -61,11 +61,7 @@ class QNEHVISearcher:
         Xt = torch.tensor(X, dtype=torch.double)
         start(run, cfg)
         batch = round_batch(cfg, run.remaining)
-        while run.remaining > 0:
-            pool = run.unmeasured
-            k = min(batch, run.remaining, len(pool))
-            if k <= 0:
-                break
+        for pool, k in run.batch_pools(batch):
             timer = Timer()
             ok = run.ok()
             obj = run.objectives(ok)
