@@ -115,7 +115,7 @@ def test_wrong_type_fails_naming_the_key(error_text):
 
 
 @pytest.mark.parametrize("override,key,allowed", [
-    ("search.passes=[bogus]", "search.passes", "[total, dynamic, static, uncertainty, fastest, spread]"),
+    ("search.passes=[bogus]", "search.passes", "[total, dynamic, static, uncertainty, fastest, spread, local, coverage]"),
     ("parallel.recompute=half", "parallel.recompute", "[full, none]"),
 ])
 def test_bad_enum_value_fails_listing_allowed_values(error_text, override, key, allowed):
