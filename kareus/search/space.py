@@ -71,7 +71,7 @@ def clocks(space: SpaceConfig, gpu: GPUSpec) -> list[int]:
 
 
 def space_problems(space: SpaceConfig, gpu: GPUSpec) -> list[str]:
-    """Cross-field problems of a space against a GPU (the lead's validate() collects these)."""
+    """Cross-field problems of a space against a GPU (validate() collects these through the searcher config)."""
     out: list[str] = []
     if space.sms_step is not None and space.sms_step <= 0:
         out.append("search.space.sms_step must be > 0")
