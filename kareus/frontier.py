@@ -10,37 +10,28 @@ from kareus.types import FrontierPoint
 
 
 def pareto_mask(times: Sequence[float], energies: Sequence[float]) -> np.ndarray:
-    """Boolean mask of the non-dominated points (ties keep the first occurrence). O(n log n)."""
+    """Boolean mask of the non-dominated finite points (of equal points the first is kept). O(n log n)."""
     t = np.asarray(times, dtype=float)
     e = np.asarray(energies, dtype=float)
     mask = np.zeros(len(t), dtype=bool)
-    if len(t) == 0:
+    finite = np.flatnonzero(np.isfinite(t) & np.isfinite(e))
+    if len(finite) == 0:
         return mask
-    order = np.lexsort((e, t))  # by time, then energy
-    best = np.inf
-    for i in order:
-        if not np.isfinite(t[i]) or not np.isfinite(e[i]):
-            continue
-        if e[i] < best:
-            mask[i] = True
-            best = e[i]
+    order = finite[np.lexsort((e[finite], t[finite]))]  # by time, then energy; stable for ties
+    best_before = np.minimum.accumulate(np.concatenate([[np.inf], e[order][:-1]]))
+    mask[order[e[order] < best_before]] = True
     return mask
 
 
 def hypervolume_2d(times: Sequence[float], energies: Sequence[float], ref: tuple[float, float]) -> float:
-    """Area dominated by the points and bounded by ``ref`` (points beyond ref contribute nothing)."""
-    t = np.asarray(times, dtype=float)
-    e = np.asarray(energies, dtype=float)
-    keep = (t < ref[0]) & (e < ref[1])
-    t, e = t[keep], e[keep]
-    if len(t) == 0:
-        return 0.0
-    m = pareto_mask(t, e)
-    t, e = t[m], e[m]
-    order = np.argsort(t)
-    t, e = t[order], e[order]
-    widths = np.diff(np.append(t, ref[0]))
-    return float(np.sum(widths * (ref[1] - e)))
+    """Area dominated by the points inside the box bounded by ``ref`` (moocore, the vetted base);
+    points at or beyond ref, or not finite, contribute nothing."""
+    import moocore
+
+    p = np.column_stack([np.asarray(times, dtype=float), np.asarray(energies, dtype=float)])
+    r = np.asarray(ref, dtype=float)
+    p = p[np.all(np.isfinite(p), axis=1) & np.all(p < r, axis=1)]
+    return float(moocore.hypervolume(p, ref=r)) if len(p) else 0.0
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Exact 2-D hypervolume, hypervolume improvement (HVI) and IGD+ for minimised (time, energy) pairs.
 
-``hypervolume`` delegates to moocore (the vetted implementation). ``hvi`` is our vectorised sweep:
+``hypervolume`` is the project's one hypervolume (kareus.frontier, on moocore). ``hvi`` is our vectorised sweep:
 the improvement of every candidate, each added alone to the front, in one (m x k) array operation.
 moocore's ``hv_contributions`` is not a substitute: it scores points *within* a set (and with
 ``ignore_dominated=True`` a candidate that dominates front points gets its own exclusive part only),
@@ -9,6 +9,8 @@ whereas HVI is hv(front + c) - hv(front).
 from __future__ import annotations
 
 import numpy as np
+
+from kareus.frontier import hypervolume_2d, pareto_mask
 
 
 def _as_points(points) -> np.ndarray:
@@ -19,26 +21,14 @@ def _as_points(points) -> np.ndarray:
 def nondominated(points) -> np.ndarray:
     """The non-dominated, finite rows of ``points`` sorted by the first objective (duplicates once)."""
     p = _as_points(points)
-    p = p[np.all(np.isfinite(p), axis=1)]
-    if len(p) == 0:
-        return p
-    p = p[np.lexsort((p[:, 1], p[:, 0]))]
-    best = np.minimum.accumulate(p[:, 1])
-    keep = np.ones(len(p), dtype=bool)
-    keep[1:] = p[1:, 1] < best[:-1]
-    return p[keep]
+    p = p[pareto_mask(p[:, 0], p[:, 1])]
+    return p[np.lexsort((p[:, 1], p[:, 0]))]
 
 
 def hypervolume(points, ref) -> float:
-    """Area dominated by ``points`` inside the box bounded by ``ref`` (moocore)."""
-    import moocore
-
+    """Area dominated by ``points`` (rows of time, energy) inside the box bounded by ``ref``."""
     p = _as_points(points)
-    r = np.asarray(ref, dtype=float)
-    p = p[np.all(np.isfinite(p), axis=1) & np.all(p < r, axis=1)]
-    if len(p) == 0:
-        return 0.0
-    return float(moocore.hypervolume(p, ref=r))
+    return hypervolume_2d(p[:, 0], p[:, 1], ref)
 
 
 def hvi(candidates, front, ref) -> np.ndarray:
