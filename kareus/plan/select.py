@@ -50,24 +50,24 @@ def select_plan(plans: Sequence[ExecutionPlan], cfg: PlanConfig | None = None) -
     if problems:
         raise PlanSelectionError("; ".join(problems))
     if cfg.deadline_s is not None:
-        ok = [p for p in plans if p.predicted_time_s <= cfg.deadline_s * (1 + _TOL)]
-        if not ok:
-            best = min(plans, key=lambda p: p.predicted_time_s)
-            gap = best.predicted_time_s - cfg.deadline_s
-            raise PlanSelectionError(
-                f"no plan meets plan.deadline_s={cfg.deadline_s:.6g} s: the fastest plan takes "
-                f"{best.predicted_time_s:.6g} s per iteration, {gap:.4g} s ({100 * gap / cfg.deadline_s:.2f}%) over")
-        return min(ok, key=lambda p: (p.predicted_energy_j, p.predicted_time_s))
+        return _within(plans, "predicted_time_s", "predicted_energy_j", cfg.deadline_s,
+                       f"no plan meets plan.deadline_s={cfg.deadline_s:.6g} s: the fastest plan takes", "s")
     if cfg.energy_budget_j is not None:
-        ok = [p for p in plans if p.predicted_energy_j <= cfg.energy_budget_j * (1 + _TOL)]
-        if not ok:
-            best = min(plans, key=lambda p: p.predicted_energy_j)
-            gap = best.predicted_energy_j - cfg.energy_budget_j
-            raise PlanSelectionError(
-                f"no plan fits plan.energy_budget_j={cfg.energy_budget_j:.6g} J: the least-energy plan uses "
-                f"{best.predicted_energy_j:.6g} J per iteration, {gap:.4g} J "
-                f"({100 * gap / cfg.energy_budget_j:.2f}%) over")
-        return min(ok, key=lambda p: (p.predicted_time_s, p.predicted_energy_j))
+        return _within(plans, "predicted_energy_j", "predicted_time_s", cfg.energy_budget_j,
+                       f"no plan fits plan.energy_budget_j={cfg.energy_budget_j:.6g} J: the least-energy plan uses",
+                       "J")
     if SelectRule(cfg.select) is SelectRule.min_energy:
         return min(plans, key=lambda p: (p.predicted_energy_j, p.predicted_time_s))
     return min(plans, key=lambda p: (p.predicted_time_s, p.predicted_energy_j))
+
+
+def _within(plans: Sequence[ExecutionPlan], limited: str, minimised: str, limit: float, refusal: str,
+            unit: str) -> ExecutionPlan:
+    """Minimise ``minimised`` among plans whose ``limited`` is within ``limit``; or say how far off it is."""
+    ok = [p for p in plans if getattr(p, limited) <= limit * (1 + _TOL)]
+    if not ok:
+        nearest = getattr(min(plans, key=lambda p: getattr(p, limited)), limited)
+        gap = nearest - limit
+        raise PlanSelectionError(f"{refusal} {nearest:.6g} {unit} per iteration, {gap:.4g} {unit} "
+                                 f"({100 * gap / limit:.2f}%) over")
+    return min(ok, key=lambda p: (getattr(p, minimised), getattr(p, limited)))
