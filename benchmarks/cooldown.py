@@ -55,7 +55,7 @@ GOAL_CUT, GOAL_BIAS = 0.40, 0.005  # the issue's goal: >= 40% less GPU-time than
 def hardware_config() -> dict:
     from omegaconf import OmegaConf
 
-    cfg = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "hardware" / "a100_sim.yaml"))
+    cfg = OmegaConf.to_container(OmegaConf.load(ROOT / "kareus" / "conf" / "hardware" / "a100_sim.yaml"))
     cfg.pop("defaults", None)
     return cfg
 

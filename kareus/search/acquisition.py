@@ -28,7 +28,7 @@ class Context:
     greedy: bool = True
     ref_margin: float = 0.1
     ref_factor: float | None = None  # if set: ref = factor x observed maxima (raw units), as the artifact does
-    expected: bool = False  # HVI passes score the mean HVI over ensemble members (Monte-Carlo EHVI)
+    expected: frozenset[str] = frozenset()  # HVI passes that score the mean HVI over ensemble members (Monte-Carlo EHVI)
     sparse: np.ndarray | None = None  # pool mask: the candidate's slot has too few measurements
     slot_of: np.ndarray | None = None  # pool: slot id of each candidate
     near: np.ndarray | None = None  # pool mask: within one SM/clock step of a measured Pareto point, same slot
@@ -90,13 +90,16 @@ def _rank_pick(score: np.ndarray, tie: np.ndarray, k: int, free: np.ndarray) -> 
 
 
 class HVIPass:
-    """Hypervolume improvement of the predicted (time, ``objective``) point."""
+    """Hypervolume improvement of the predicted (time, ``objective``) point; a pass named in
+    ``ctx.expected`` scores the expected improvement over the ensemble members instead (members that
+    place a candidate on the frontier pull it in: exploration), the others the improvement of the mean."""
 
+    name = "total"
     objective = "total"
 
     def select(self, ctx: Context, k: int, free: np.ndarray) -> list[tuple[int, float]]:
         cand, front, ref = _scaled(ctx, self.objective, ctx.kappa)
-        members = _member_points(ctx, self.objective) if ctx.expected else None
+        members = _member_points(ctx, self.objective) if self.name in ctx.expected else None
 
         def score(fr: np.ndarray) -> np.ndarray:
             return _expected_hvi(members, fr, ref) if members is not None else hvi(cand, fr, ref)
@@ -127,6 +130,7 @@ class HVIPass:
 class TotalHVI(HVIPass):
     """HVI in (time, total energy): the objective users pick plans by."""
 
+    name = "total"
     objective = "total"
 
 
@@ -134,6 +138,7 @@ class TotalHVI(HVIPass):
 class DynamicHVI(HVIPass):
     """HVI in (time, dynamic energy): what composition adds up across partitions."""
 
+    name = "dynamic"
     objective = "dynamic"
 
 
@@ -141,6 +146,7 @@ class DynamicHVI(HVIPass):
 class StaticHVI(HVIPass):
     """HVI in (time, static energy = static power x time): pulls toward the fastest settings."""
 
+    name = "static"
     objective = "static"
 
 
@@ -191,6 +197,7 @@ class Local(HVIPass):
     """Exploitation: greedy total-energy HVI among the grid neighbours (same slot, one SM or clock
     step) of measured Pareto points; measured fronts are noisy and their neighbours are near-ties."""
 
+    name = "local"
     objective = "total"
 
     def select(self, ctx: Context, k: int, free: np.ndarray) -> list[tuple[int, float]]:
@@ -204,6 +211,7 @@ class Coverage(HVIPass):
     """One candidate per under-measured slot (its best predicted total-energy HVI): a slot seen once
     or twice is judged by the model's guess of its level, so it gets a few guided looks first."""
 
+    name = "coverage"
     objective = "total"
 
     def select(self, ctx: Context, k: int, free: np.ndarray) -> list[tuple[int, float]]:

@@ -46,6 +46,17 @@ class SearcherConfig:
         return out
 
 
+class RidgeBasis(str, Enum):
+    """Features of the surrogate's ridge baseline (the trees model what it leaves)."""
+
+    main = "main"  # clock, SMs and their reciprocals, the slot descriptors
+    interactions = "interactions"  # + slot identity and each slot descriptor x 1/clock, 1/SMs, SMs
+    auto = "auto"  # whichever (with its penalty) has the lower leave-one-out error, per fit
+
+
+EXPECTED_PASSES = ("total", "dynamic", "static", "local")  # HVI passes that can score ensemble-expected HVI
+
+
 @dataclass
 class SurrogateConfig:
     """Bootstrap ensemble of gradient-boosted trees on small data (one thread per member)."""
@@ -59,7 +70,8 @@ class SurrogateConfig:
     min_child_weight: float = 1.0
     threads: int = 2  # members fitted in parallel, one xgboost thread each
     linear_base: bool = True  # fit a ridge baseline on the features first, trees model the residual
-    interactions: bool = True  # ridge basis adds the slot identity and 1/clock, 1/SMs, SMs times each slot descriptor
+    basis: RidgeBasis = RidgeBasis.auto  # a handful of points cannot carry the interaction terms, hundreds can
+    clip_margin: float = 0.25  # member predictions stay within the observed (log) range widened by this share
 
 
 @dataclass
@@ -79,7 +91,9 @@ class MBOConfig(SearcherConfig):
     min_per_slot: int = 3  # slots with fewer measurements get one guided pick per batch (0: off)
     coverage_share: float = 0.34  # at most this share of a batch goes to such picks
     final_local: float = 0.5  # share of the last batch for the local pass (neighbours of measured Pareto points)
-    expected: bool = False  # score the mean HVI over ensemble members (Monte-Carlo EHVI) instead of the HVI of the mean
+    # passes that score the mean HVI over the ensemble members (Monte-Carlo EHVI: explores where some
+    # members see a frontier point) instead of the HVI of the mean prediction (exploits)
+    expected: list[PassName] = field(default_factory=lambda: [PassName.dynamic, PassName.static])
     stop_gain: float = 0.0  # stop when the batch's predicted HV gain / current HV falls below this
     ref_margin: float = 0.1  # reference point: observed maxima + margin x observed range
 
@@ -196,6 +210,11 @@ def config_problems(cfg: SearcherConfig) -> list[str]:
             out.append(f"search.surrogate.max_depth={s.max_depth} must be in 1..12")
         if s.rounds <= 0 or s.threads <= 0:
             out.append("search.surrogate.rounds and threads must be > 0")
+        bad = [p.value for p in cfg.expected if p.value not in EXPECTED_PASSES]
+        if bad:
+            out.append(f"search.expected: {bad} score no hypervolume; allowed: {list(EXPECTED_PASSES)}")
+        if s.clip_margin < 0:
+            out.append(f"search.surrogate.clip_margin={s.clip_margin} must be >= 0")
         if not 0 <= cfg.final_local <= 1:
             out.append(f"search.final_local={cfg.final_local} must be in [0, 1]")
         if cfg.kappa < 0 or cfg.stop_gain < 0 or cfg.ref_margin < 0:

@@ -2,7 +2,12 @@
 
 Each batch: fit the surrogate ensemble to log time and log dynamic energy of the measured candidates,
 derive static (static power x time) and total energy per member, then let every acquisition pass fill
-its share of the batch from the unmeasured candidates without duplicates.
+its share of the batch from the unmeasured candidates without duplicates. The total-energy pass, the
+one users pick plans by, scores the HVI of the ensemble mean (exploitation); the passes named in
+``search.expected`` (default: dynamic and static) score the mean HVI over the members (Monte-Carlo
+EHVI), which pulls in candidates that only some members put on the frontier (exploration). The
+surrogate's ridge baseline picks its basis per fit by leave-one-out error: main effects while a
+handful of points are measured, slot interactions once the data carries them.
 
 Two batch policies sit beside the chosen passes (``search.passes`` stays the ablation knob):
 - coverage (``min_per_slot``): a launch slot with fewer than that many measurements gets one guided
@@ -22,7 +27,7 @@ from kareus.registry import ACQUISITIONS, SEARCHERS, SURROGATES
 from kareus.search.acquisition import Context
 from kareus.search.base import SearchProblem, SearchResult
 from kareus.search.common import SearchRun, Timer
-from kareus.search.config import MBOConfig, SurrogateConfig, initial_size, pass_shares, round_batch
+from kareus.search.config import MBOConfig, PassName, SurrogateConfig, initial_size, pass_shares, round_batch
 from kareus.search.design import latin_hypercube
 from kareus.search.hv import hypervolume, nondominated
 
@@ -146,7 +151,8 @@ class MBOSearcher:
             fit_s = timer.lap()
             counts = np.bincount(grid[run.ok(), 0], minlength=int(grid[:, 0].max()) + 1)
             ctx = Context(pool, samples, measured, kappa=cfg.kappa, greedy=cfg.greedy, ref_margin=cfg.ref_margin,
-                          expected=cfg.expected, near=near_front(run, grid, pool), slot_of=grid[pool, 0],
+                          expected=frozenset(PassName(p).value for p in cfg.expected),
+                          near=near_front(run, grid, pool), slot_of=grid[pool, 0],
                           sparse=counts[grid[pool, 0]] < cfg.min_per_slot, rng=rng)
             n_local = int(round(cfg.final_local * k)) if k >= run.remaining else 0  # last batch: exploit
             n_cov = 0

@@ -13,7 +13,7 @@ from typing import Protocol
 import numpy as np
 
 from kareus.registry import SURROGATES
-from kareus.search.config import SurrogateConfig
+from kareus.search.config import RidgeBasis, SurrogateConfig
 
 
 class Surrogate(Protocol):
@@ -46,6 +46,31 @@ def _ridge(A: np.ndarray, y: np.ndarray, alpha: float = 1e-2) -> tuple[np.ndarra
     return w, mu, sd, ym
 
 
+def _loo_error(A: np.ndarray, y: np.ndarray, alpha: float) -> float:
+    """Closed-form leave-one-out mean squared error of ``_ridge`` (kernel form: cheap when features > rows)."""
+    mu, sd = A.mean(axis=0), A.std(axis=0)
+    Z = (A - mu) / np.where(sd > 0, sd, 1.0)
+    n = len(y)
+    K = Z @ Z.T
+    H = K @ np.linalg.solve(K + (alpha * n + 1.0) * np.eye(n), np.eye(n))
+    r = (y - y.mean()) - H @ (y - y.mean())
+    lev = np.clip(np.diag(H) + 1.0 / n, 0.0, 0.999)
+    return float(np.mean((r / (1.0 - lev)) ** 2))
+
+
+def choose_basis(X: np.ndarray, y: np.ndarray, alphas: tuple[float, ...] = (1e-3, 1e-2, 1e-1, 1.0)) -> tuple[bool, float]:
+    """(interactions, alpha) of the ridge baseline with the lowest leave-one-out error on the data:
+    a handful of points cannot carry the interaction terms, a few hundred can."""
+    best = (np.inf, False, alphas[0])
+    for inter in (False, True):
+        A = _basis(X, inter)
+        for a in alphas:
+            e = _loo_error(A, y, a)
+            if e < best[0]:
+                best = (e, inter, a)
+    return best[1], best[2]
+
+
 def _ridge_predict(model: tuple[np.ndarray, np.ndarray, np.ndarray, float], A: np.ndarray) -> np.ndarray:
     w, mu, sd, ym = model
     return ((A - mu) / sd) @ w + ym
@@ -58,6 +83,7 @@ class XGBoostEnsemble:
     def __init__(self, cfg: SurrogateConfig) -> None:
         self.cfg = cfg
         self._members: list[list[tuple]] = []
+        self._bases: list[tuple[bool, float]] = []
         self._clip: tuple[np.ndarray, np.ndarray] = (np.array(-np.inf), np.array(np.inf))
 
     def _params(self, seed: int) -> dict:
@@ -70,12 +96,12 @@ class XGBoostEnsemble:
         import xgboost as xgb
 
         Xb, Yb = X[rows], Y[rows]
-        A = _basis(Xb, self.cfg.interactions)
         out = []
         for t in range(Y.shape[1]):
             y = Yb[:, t]
-            base = _ridge(A, y) if self.cfg.linear_base else None
-            resid = y - _ridge_predict(base, A) if base is not None else y
+            inter, alpha = self._bases[t]
+            base = (inter, _ridge(_basis(Xb, inter), y, alpha)) if self.cfg.linear_base else None
+            resid = y - _ridge_predict(base[1], _basis(Xb, inter)) if base is not None else y
             d = xgb.DMatrix(Xb, label=resid, nthread=1)
             booster = xgb.train(self._params(seed + t), d, num_boost_round=self.cfg.rounds)
             out.append((base, booster))
@@ -83,7 +109,11 @@ class XGBoostEnsemble:
 
     def fit(self, X: np.ndarray, Y: np.ndarray, seed: int) -> "XGBoostEnsemble":
         lo, hi = Y.min(axis=0), Y.max(axis=0)
-        self._clip = (lo - (hi - lo) - 0.1, hi + (hi - lo) + 0.1)  # no wild extrapolation from few points
+        m = self.cfg.clip_margin  # no wild extrapolation from few points (it would lure the expected-HVI passes)
+        self._clip = (lo - m * (hi - lo + 0.1), hi + m * (hi - lo + 0.1))
+        basis = RidgeBasis(self.cfg.basis)
+        self._bases = [choose_basis(X, Y[:, t]) if basis is RidgeBasis.auto else (basis is RidgeBasis.interactions, 1e-2)
+                       for t in range(Y.shape[1])]
         rng = np.random.default_rng(seed)
         n = len(X)
         rows = [rng.integers(0, n, n) for _ in range(self.cfg.members)]
@@ -96,12 +126,12 @@ class XGBoostEnsemble:
         return self
 
     def sample(self, X: np.ndarray) -> np.ndarray:
-        A = _basis(X, self.cfg.interactions)
+        bases = {inter: _basis(X, inter) for inter in (False, True)}
         out = np.empty((len(self._members), len(X), len(self._members[0]) if self._members else 0))
         for b, member in enumerate(self._members):
             for t, (base, booster) in enumerate(member):
                 pred = booster.inplace_predict(X)
                 if base is not None:
-                    pred = pred + _ridge_predict(base, A)
+                    pred = pred + _ridge_predict(base[1], bases[base[0]])
                 out[b, :, t] = pred
         return np.clip(out, self._clip[0], self._clip[1])
