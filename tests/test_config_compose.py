@@ -117,6 +117,7 @@ def test_wrong_type_fails_naming_the_key(error_text):
 @pytest.mark.parametrize("override,key,allowed", [
     ("search.passes=[bogus]", "search.passes", "[total, dynamic, static, uncertainty, fastest, spread, local, coverage]"),
     ("parallel.recompute=half", "parallel.recompute", "[full, none]"),
+    ("search.surrogate.basis=cubic", "search.surrogate.basis", "[main, interactions, auto]"),
 ])
 def test_bad_enum_value_fails_listing_allowed_values(error_text, override, key, allowed):
     text = fails_to_compose(error_text, *MISSION, override)

@@ -220,6 +220,9 @@ SEARCH_RULES = [
     ("search.surrogate.max_depth=13", "search.surrogate.max_depth=13 must be in 1..12"),
     ("search.surrogate.threads=0", "search.surrogate.rounds and threads must be > 0"),
     ("search.kappa=-1", "search.kappa, stop_gain and ref_margin must be >= 0"),
+    ("search.expected=[uncertainty]",
+     "search.expected: ['uncertainty'] score no hypervolume; allowed: ['total', 'dynamic', 'static', 'local']"),
+    ("search.surrogate.clip_margin=-0.5", "search.surrogate.clip_margin=-0.5 must be >= 0"),
 ]
 
 
