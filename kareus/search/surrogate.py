@@ -3,7 +3,9 @@
 Small data (tens to a few hundred points) makes one thread per model with the members fitted in a
 thread pool (xgboost releases the GIL) faster than one model with several threads. An optional ridge
 baseline on physically shaped features (1/clock, 1/SMs, ...) lets the ensemble extrapolate smoothly
-in clock and SMs, where trees alone are piecewise constant; the trees model what it leaves.
+in clock and SMs, where trees alone are piecewise constant; the trees model what it leaves. Its basis
+and penalty are chosen per fit by closed-form leave-one-out error: a handful of points cannot carry
+the slot-interaction terms without fitting noise, a few hundred can.
 """
 from __future__ import annotations
 
@@ -99,9 +101,13 @@ class XGBoostEnsemble:
         out = []
         for t in range(Y.shape[1]):
             y = Yb[:, t]
-            inter, alpha = self._bases[t]
-            base = (inter, _ridge(_basis(Xb, inter), y, alpha)) if self.cfg.linear_base else None
-            resid = y - _ridge_predict(base[1], _basis(Xb, inter)) if base is not None else y
+            base = None
+            resid = y
+            if self.cfg.linear_base:
+                inter, alpha = self._bases[t]
+                A = _basis(Xb, inter)
+                base = (inter, _ridge(A, y, alpha))
+                resid = y - _ridge_predict(base[1], A)
             d = xgb.DMatrix(Xb, label=resid, nthread=1)
             booster = xgb.train(self._params(seed + t), d, num_boost_round=self.cfg.rounds)
             out.append((base, booster))
@@ -112,8 +118,9 @@ class XGBoostEnsemble:
         m = self.cfg.clip_margin  # no wild extrapolation from few points (it would lure the expected-HVI passes)
         self._clip = (lo - m * (hi - lo + 0.1), hi + m * (hi - lo + 0.1))
         basis = RidgeBasis(self.cfg.basis)
-        self._bases = [choose_basis(X, Y[:, t]) if basis is RidgeBasis.auto else (basis is RidgeBasis.interactions, 1e-2)
-                       for t in range(Y.shape[1])]
+        if self.cfg.linear_base:  # one basis choice per target, shared by the bootstrap members
+            self._bases = [choose_basis(X, Y[:, t]) if basis is RidgeBasis.auto
+                           else (basis is RidgeBasis.interactions, 1e-2) for t in range(Y.shape[1])]
         rng = np.random.default_rng(seed)
         n = len(X)
         rows = [rng.integers(0, n, n) for _ in range(self.cfg.members)]
