@@ -339,7 +339,7 @@ def print_table(doc: dict) -> None:
     for title, key, fmt in (("HV ratio (higher is better)", "summary", "{:.4f}"),
                             ("IGD+ (lower is better)", "igd_plus", "{:.4f}"),
                             ("share of true Pareto points found", "pareto_share", "{:.3f}")):
-        print(f"\n{title}; mean over workloads (sim = simulated A100, replay = real A100 table)")
+        print(f"\n{title}; mean over workloads: {', '.join(doc['workloads'])}")
         print(f"{'searcher':<10}" + "".join(f"{f:>10}" for f in fr))
         for name, row in doc[key].items():
             print(f"{name:<10}" + "".join(f"{fmt.format(row.get(f, float('nan'))):>10}" for f in fr))
