@@ -25,6 +25,8 @@ APP = textwrap.dedent("""
 
     @hydra.main(version_base="1.3", config_path="conf", config_name="config")
     def main(cfg):
+        if "boom" in cfg.passes:
+            raise RuntimeError("this job fails")
         with Tracker(cfg.tracking) as tracker:
             tracker.start(OmegaConf.to_container(cfg, resolve=True), **hydra_context(), hardware="sim")
             listener = tracker.partition_listener_factory("fwd_attn")()
@@ -47,7 +49,8 @@ CONFIG = textwrap.dedent("""
 """)
 
 
-def test_multirun_nests_one_child_run_per_job_under_a_sweep_run(tmp_path):
+def multirun(tmp_path, *overrides):
+    """Run APP as a Hydra multirun in ``tmp_path``; (process, MLflow tracking URI)."""
     (tmp_path / "conf" / "tracking").mkdir(parents=True)
     (tmp_path / "conf" / "config.yaml").write_text(CONFIG)
     shutil.copy(ROOT / "kareus" / "conf" / "tracking" / "default.yaml", tmp_path / "conf" / "tracking" / "default.yaml")
@@ -55,9 +58,13 @@ def test_multirun_nests_one_child_run_per_job_under_a_sweep_run(tmp_path):
     uri = empty_store(tmp_path / "runs")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
     env.pop("KAREUS_MLFLOW_PARENT_RUN_ID", None)
-    proc = subprocess.run([sys.executable, "app.py", "-m", "passes=[total,dynamic],[total,dynamic,static]",
-                           "tracking.plots=false"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=240)
+    proc = subprocess.run([sys.executable, "app.py", "-m", *overrides, "tracking.plots=false"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=240)
+    return proc, uri
+
+
+def test_multirun_nests_one_child_run_per_job_under_a_sweep_run(tmp_path):
+    proc, uri = multirun(tmp_path, "passes=[total,dynamic],[total,dynamic,static]")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not list((tmp_path / "multirun").rglob("mlflow.db")), "store must stay in the start directory"
 
@@ -80,3 +87,16 @@ def test_multirun_nests_one_child_run_per_job_under_a_sweep_run(tmp_path):
     assert {r.data.tags["mlflow.parentRunId"] for r in by_kind["partition"]} == {r.info.run_id for r in jobs}
     sweep_files = list((tmp_path / "multirun").rglob("mlflow_parent_run_id"))
     assert [p.read_text().strip() for p in sweep_files] == [sweep.info.run_id]
+
+
+def test_a_failing_job_leaves_the_sweep_run_failed_not_running(tmp_path):
+    proc, uri = multirun(tmp_path, "passes=[total],[boom]")
+    assert proc.returncode != 0 and "this job fails" in proc.stderr
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([client.get_experiment_by_name("kareus").experiment_id])
+    sweeps = [r for r in runs if r.data.tags["kareus.kind"] == "sweep"]
+    assert len(sweeps) == 1 and sweeps[0].info.status == "FAILED"
+    assert all(r.info.status != "RUNNING" for r in runs)

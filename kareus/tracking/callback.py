@@ -2,10 +2,13 @@
 
 The store and experiment are created here, once, before any job starts, so jobs running in
 parallel never initialise SQLite concurrently. The parent id reaches the jobs through an environment
-variable (inherited by launcher processes) and a file in the sweep directory.
+variable (inherited by launcher processes) and a file in the sweep directory. When a job raises,
+Hydra re-raises it and skips ``on_multirun_end``; an exit hook then closes the sweep run as FAILED
+instead of leaving it RUNNING.
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 from pathlib import Path
@@ -51,9 +54,14 @@ class MlflowSweepCallback(Callback):
         os.environ[ENV_PARENT_RUN] = self.run_id
         sweep_dir.mkdir(parents=True, exist_ok=True)
         (sweep_dir / PARENT_RUN_FILE).write_text(self.run_id + "\n")
+        atexit.register(self._finish, aborted=True)
         log.info("MLflow sweep run %s", self.run_id)
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        self._finish(aborted=False)
+
+    def _finish(self, aborted: bool) -> None:
+        """Close the sweep run: FAILED if any job failed or the sweep never reached its end."""
         if self.run_id is None:
             return
         children = retry(self._client.search_runs, [self._experiment_id],
@@ -67,7 +75,7 @@ class MlflowSweepCallback(Callback):
 
         retry(self._client.log_batch, self.run_id,
               metrics=[Metric("jobs", float(len(statuses)), 0, 0), Metric("jobs_failed", float(failed), 0, 0)])
-        retry(self._client.set_terminated, self.run_id, "FAILED" if failed else "FINISHED")
+        retry(self._client.set_terminated, self.run_id, "FAILED" if failed or aborted else "FINISHED")
         if self._previous_env is None:
             os.environ.pop(ENV_PARENT_RUN, None)
         else:
