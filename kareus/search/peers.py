@@ -66,7 +66,7 @@ class ArtifactSearcher:
         cfg = self.cfg
         run = SearchRun(problem)
         start(run, cfg)
-        surrogate = SurrogateConfig(members=cfg.members, linear_base=False, clip_margin=1.0)  # as benchmarked
+        surrogate = SurrogateConfig(members=cfg.members, linear_base=False, clip_margin=1.0)  # the policy as first benchmarked: wide clip
         batch = round_batch(cfg, run.remaining)
         for pool, k in run.batch_pools(batch):
             timer = Timer()

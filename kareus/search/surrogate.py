@@ -38,23 +38,35 @@ def _basis(X: np.ndarray, interactions: bool = False) -> np.ndarray:
     return np.hstack(cols)
 
 
-def _ridge(A: np.ndarray, y: np.ndarray, alpha: float = 1e-2) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
-    """Ridge on standardised features; the penalty (alpha x n + 1) keeps a handful of points tame."""
+RIDGE_ALPHA = 1e-2  # the penalty of a fixed basis (``basis=main`` or ``interactions``)
+
+
+def _standardise(A: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(Z, mean, scale) with constant columns left unscaled."""
     mu, sd = A.mean(axis=0), A.std(axis=0)
     sd = np.where(sd > 0, sd, 1.0)
-    Z = (A - mu) / sd
+    return (A - mu) / sd, mu, sd
+
+
+def _penalty(alpha: float, n: int) -> float:
+    """Ridge penalty on standardised features: (alpha x n + 1) keeps a handful of points tame."""
+    return alpha * n + 1.0
+
+
+def _ridge(A: np.ndarray, y: np.ndarray, alpha: float = RIDGE_ALPHA) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """Ridge on standardised features with an unpenalised intercept."""
+    Z, mu, sd = _standardise(A)
     ym = float(y.mean())
-    w = np.linalg.solve(Z.T @ Z + (alpha * len(y) + 1.0) * np.eye(Z.shape[1]), Z.T @ (y - ym))
+    w = np.linalg.solve(Z.T @ Z + _penalty(alpha, len(y)) * np.eye(Z.shape[1]), Z.T @ (y - ym))
     return w, mu, sd, ym
 
 
 def _loo_error(A: np.ndarray, y: np.ndarray, alpha: float) -> float:
     """Closed-form leave-one-out mean squared error of ``_ridge`` (kernel form: cheap when features > rows)."""
-    mu, sd = A.mean(axis=0), A.std(axis=0)
-    Z = (A - mu) / np.where(sd > 0, sd, 1.0)
+    Z = _standardise(A)[0]
     n = len(y)
     K = Z @ Z.T
-    H = K @ np.linalg.solve(K + (alpha * n + 1.0) * np.eye(n), np.eye(n))
+    H = K @ np.linalg.solve(K + _penalty(alpha, n) * np.eye(n), np.eye(n))
     r = (y - y.mean()) - H @ (y - y.mean())
     lev = np.clip(np.diag(H) + 1.0 / n, 0.0, 0.999)
     return float(np.mean((r / (1.0 - lev)) ** 2))
@@ -120,7 +132,7 @@ class XGBoostEnsemble:
         basis = RidgeBasis(self.cfg.basis)
         if self.cfg.linear_base:  # one basis choice per target, shared by the bootstrap members
             self._bases = [choose_basis(X, Y[:, t]) if basis is RidgeBasis.auto
-                           else (basis is RidgeBasis.interactions, 1e-2) for t in range(Y.shape[1])]
+                           else (basis is RidgeBasis.interactions, RIDGE_ALPHA) for t in range(Y.shape[1])]
         rng = np.random.default_rng(seed)
         n = len(X)
         rows = [rng.integers(0, n, n) for _ in range(self.cfg.members)]
@@ -133,7 +145,7 @@ class XGBoostEnsemble:
         return self
 
     def sample(self, X: np.ndarray) -> np.ndarray:
-        bases = {inter: _basis(X, inter) for inter in (False, True)}
+        bases = {inter: _basis(X, inter) for inter, _ in self._bases}  # only the bases the fit chose
         out = np.empty((len(self._members), len(X), len(self._members[0]) if self._members else 0))
         for b, member in enumerate(self._members):
             for t, (base, booster) in enumerate(member):
