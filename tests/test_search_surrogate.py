@@ -71,6 +71,20 @@ def test_predictions_are_clipped_to_the_widened_observed_range():
         assert np.all(out >= lo - pad - 1e-12) and np.all(out <= hi + pad + 1e-12)
 
 
+def test_centred_members_keep_their_spread_and_fit_the_measured_points():
+    # few points, a steep response: members that left a point out of their bootstrap sample miss it
+    X = grid(n=12, seed=5)
+    Y = np.column_stack([np.log(1e3 / X[:, 0] + 30.0 / X[:, 1]), 0.5 * X[:, 7]])
+    out = {}
+    for center in (False, True):
+        cfg = SurrogateConfig(members=6, rounds=50, basis=RidgeBasis.main, clip_margin=10.0, center=center)
+        out[center] = SURROGATES.build("xgboost", config=cfg).fit(X, Y, seed=0).sample(X)
+    np.testing.assert_allclose(out[True].std(axis=0), out[False].std(axis=0), atol=1e-9)  # same members
+    assert out[False].std(axis=0).max() > 0
+    err = {c: np.abs(o.mean(axis=0) - Y).mean(axis=0) for c, o in out.items()}
+    assert np.all(err[True] < 0.5 * err[False])
+
+
 def context(expected):
     """Two candidates: one every member puts slightly behind the front, one that a single member puts
     far ahead of it (the mean does not)."""

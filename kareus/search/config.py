@@ -72,6 +72,7 @@ class SurrogateConfig:
     linear_base: bool = True  # fit a ridge baseline on the features first, trees model the residual
     basis: RidgeBasis = RidgeBasis.auto  # a handful of points cannot carry the interaction terms, hundreds can
     clip_margin: float = 0.25  # member predictions stay within the observed (log) range widened by this share
+    center: bool = True  # members shifted onto a fit to every row: the bootstrap gives the spread, not the mean
 
 
 @dataclass

@@ -66,7 +66,8 @@ class ArtifactSearcher:
         cfg = self.cfg
         run = SearchRun(problem)
         start(run, cfg)
-        surrogate = SurrogateConfig(members=cfg.members, linear_base=False, clip_margin=1.0)  # the policy as first benchmarked: wide clip
+        surrogate = SurrogateConfig(members=cfg.members, linear_base=False, clip_margin=1.0,
+                                    center=False)  # the policy as first benchmarked: wide clip
         batch = round_batch(cfg, run.remaining)
         for pool, k in run.batch_pools(batch):
             timer = Timer()
