@@ -110,7 +110,8 @@ def check_partitions(backend: Any, parts: dict[str, Any], window_s: float, power
                          "energy_j": round(r.energy_j, 5) if r.ok else None, "power_w": round(power, 1) if r.ok else None,
                          "sm_clock_mhz": r.freq_mhz, "temperature_c": r.temperature_c, "executions": r.executions,
                          "error": r.error})
-    return {"ok": ok, "power_bounds_w": [round(0.8 * idle_w, 1), round(1.1 * power_limit_w, 1)], "rows": rows}
+    return {"ok": ok, "backend": backend.name, "power_bounds_w": [round(0.8 * idle_w, 1), round(1.1 * power_limit_w, 1)],
+            "rows": rows}
 
 
 def check_overlap(backend_cls: Any, cfg_cls: Any, device: str, cpu: bool, window_s: float) -> dict[str, Any]:

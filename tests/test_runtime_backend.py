@@ -258,4 +258,5 @@ def test_device_check_dry_run_on_cpu_writes_its_summary(tmp_path, monkeypatch, c
     summary = json.loads((tmp_path / "device_check.json").read_text())
     assert summary["passed"] and summary["mode"] == "cpu"
     assert {"partitions", "overlap"} <= set(summary["checks"])
+    assert summary["checks"]["partitions"]["backend"].startswith("cpu:")  # the thermal anchors' key
     assert json.loads(capsys.readouterr().out)["checks"]["partitions"]["ok"]

@@ -91,7 +91,8 @@ class CudaBackend(LockedClock):
             self.main = self.side = None
         else:
             raise ValueError(f"hardware.device must be 'cuda' or 'cpu', got {cfg.device!r}")
-        self.name = f"cuda:{cfg.gpu}" if self.cuda else f"cpu:{cfg.gpu}"
+        # the device index keeps each GPU's thermal anchors apart when several share one journal
+        self.name = f"cuda:{cfg.gpu}:{index}" if self.cuda else f"cpu:{cfg.gpu}"
         self._nvml_error = ""
         self.nvml = self._open_nvml(index) if self.cuda else None
         if self.cuda:
