@@ -3,7 +3,8 @@
 Each batch: fit the surrogate ensemble to log time and log dynamic energy of the measured candidates,
 derive static (static power x time) and total energy per member, then let every acquisition pass fill
 its share of the batch from the unmeasured candidates without duplicates. The total-energy pass, the
-one users pick plans by, scores the HVI of the ensemble mean (exploitation); the passes named in
+one users pick plans by, scores the HVI of the slightly optimistic point mean - kappa x spread, the
+mean being a fit on every measured point (exploitation); the passes named in
 ``search.expected`` (default: dynamic and static) score the mean HVI over the members (Monte-Carlo
 EHVI), which pulls in candidates that only some members put on the frontier (exploration). The
 surrogate's ridge baseline picks its basis per fit by leave-one-out error: main effects while a
