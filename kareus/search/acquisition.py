@@ -41,14 +41,20 @@ class Context:
         return self.samples[obj].std(axis=0)
 
 
+def _frame(ctx: Context, obj: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(lowest, highest, span) of the measured (time, ``obj``): the frame where measured ranges are 1."""
+    mt, mo = ctx.measured["time"], ctx.measured[obj]
+    lo = np.array([mt.min(), mo.min()])
+    hi = np.array([mt.max(), mo.max()])
+    return lo, hi, np.where(hi - lo > 0, hi - lo, np.maximum(np.abs(hi), 1e-12))
+
+
 def _scaled(ctx: Context, obj: str, kappa: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Candidate points, measured front and reference in a frame where the measured ranges are 1."""
+    """Candidate points, measured front and reference in the frame of ``_frame``."""
     mt, mo = ctx.measured["time"], ctx.measured[obj]
     ct = ctx.mean("time") - kappa * ctx.std("time")
     co = ctx.mean(obj) - kappa * ctx.std(obj)
-    lo = np.array([mt.min(), mo.min()])
-    hi = np.array([mt.max(), mo.max()])
-    span = np.where(hi - lo > 0, hi - lo, np.maximum(np.abs(hi), 1e-12))
+    lo, hi, span = _frame(ctx, obj)
     cand = (np.column_stack([ct, co]) - lo) / span
     front = (np.column_stack([mt, mo]) - lo) / span
     if ctx.ref_factor is not None:
@@ -59,11 +65,8 @@ def _scaled(ctx: Context, obj: str, kappa: float) -> tuple[np.ndarray, np.ndarra
 
 
 def _member_points(ctx: Context, obj: str) -> np.ndarray:
-    """Every ensemble member's (time, objective) prediction in the frame of ``_scaled``: (members, n, 2)."""
-    mt, mo = ctx.measured["time"], ctx.measured[obj]
-    lo = np.array([mt.min(), mo.min()])
-    hi = np.array([mt.max(), mo.max()])
-    span = np.where(hi - lo > 0, hi - lo, np.maximum(np.abs(hi), 1e-12))
+    """Every ensemble member's (time, objective) prediction in the frame of ``_frame``: (members, n, 2)."""
+    lo, _hi, span = _frame(ctx, obj)
     pts = np.stack([ctx.samples["time"], ctx.samples[obj]], axis=2)
     return (pts - lo) / span
 

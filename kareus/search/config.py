@@ -87,7 +87,7 @@ class MBOConfig(SearcherConfig):
         "total": 0.6, "dynamic": 0.2, "static": 0.1, "uncertainty": 0.1,
         "fastest": 0.2, "spread": 0.2, "local": 0.2, "coverage": 0.2})
     surrogate: SurrogateConfig = field(default_factory=SurrogateConfig)
-    kappa: float = 0.25  # HVI passes score the optimistic point mean - kappa x std (0: the mean)
+    kappa: float = 0.25  # mean-HVI passes score the optimistic point mean - kappa x std (0: the mean)
     greedy: bool = True  # fill each pass by greedy HVI (each pick joins the front as predicted)
     min_per_slot: int = 3  # slots with fewer measurements get one guided pick per batch (0: off)
     coverage_share: float = 0.34  # at most this share of a batch goes to such picks

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from kareus.frontier import pareto_mask
 from kareus.registry import ACQUISITIONS, SEARCHERS, SURROGATES
 from kareus.search.acquisition import Context
 from kareus.search.base import SearchProblem, SearchResult
@@ -91,13 +92,7 @@ def near_front(run: SearchRun, grid: np.ndarray, pool: np.ndarray) -> np.ndarray
     """Pool mask: same slot and at most one SM and one clock step from a measured (time, total) Pareto point."""
     ok = np.array(run.ok())
     obj = run.objectives(list(ok))
-    keep = np.zeros(len(ok), dtype=bool)
-    order = np.lexsort((obj[:, 1], obj[:, 0]))
-    best = np.inf
-    for i in order:
-        if obj[i, 1] < best:
-            keep[i], best = True, obj[i, 1]
-    f = grid[ok[keep]]
+    f = grid[ok[pareto_mask(obj[:, 0], obj[:, 1])]]
     g = grid[pool]
     close = (g[:, None, 0] == f[None, :, 0]) & (np.abs(g[:, None, 1:] - f[None, :, 1:]).max(axis=2) <= 1)
     return close.any(axis=1)
