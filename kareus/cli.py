@@ -13,6 +13,8 @@ register_all()
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
+from kareus.config.overrides import CONFIG_MODULE, CONFIG_NAME, override_problems  # noqa: E402
+
 
 def _run_dir() -> Path:
     from hydra.core.hydra_config import HydraConfig
@@ -78,13 +80,16 @@ def app(cfg: DictConfig) -> Any:
         _fail([str(err)], run_dir)
 
 
-@hydra.main(version_base="1.3", config_path="pkg://kareus.conf", config_name="config")
+@hydra.main(version_base="1.3", config_path=f"pkg://{CONFIG_MODULE}", config_name=CONFIG_NAME)
 def _hydra_main(cfg: DictConfig) -> Any:
     return app(cfg)
 
 
 def main() -> None:
     """Console entry point (``kareus`` and ``python -m kareus``)."""
+    problems = override_problems(sys.argv[1:])
+    if problems:
+        _fail(problems, None)
     _hydra_main()
 
 

@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from kareus.config.overrides import override_problems
+
 MISSION = ["+model=qwen1.7b", "parallel=pp2_tp8", "search=mbo"]
 SHIPPED_MODELS = ("qwen1.7b", "llama3.2-3b", "llama3.3-70b", "tiny")
 
@@ -62,12 +66,58 @@ def test_cross_field_problems_one_line_each_nothing_written(tmp_path):
     assert left_behind(tmp_path) == []
 
 
-def test_composition_typo_fails_without_traceback(tmp_path):
+def test_composition_typo_fails_on_one_line_listing_the_known_keys(tmp_path):
     res = kareus(tmp_path, *MISSION, "parallel.ttp=2")
     out = res.stdout + res.stderr
-    assert res.returncode != 0
+    assert res.returncode == 2, out
     assert "Traceback" not in out
-    assert "parallel.ttp" in res.stderr
+    lines = error_lines(res.stderr)
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("error: parallel.ttp: unknown key; known: "), lines
+    assert "tp" in lines[0].split("known: ")[1].split(", ")
+    assert left_behind(tmp_path) == []
+
+
+@pytest.mark.parametrize("override, line", [
+    ("search=nope", "error: search=nope: no such option; allowed: artifact, exhaustive, mbo, nsga2, qnehvi, random, tpe"),
+    ("search.passes=[total,bogus]", "error: search.passes[1]: invalid value 'bogus'; allowed: total, dynamic, static, "
+                                    "uncertainty, fastest, spread, local, coverage"),
+    ("search.greedy=maybe", "error: search.greedy: 'maybe' is not a bool; allowed: true, false"),
+    ("search.kappa=abc", "error: search.kappa: 'abc' is not a float"),
+    ("search.batch_size=1.5", "error: search.batch_size: '1.5' is not an integer"),
+    ("mode=bad", "error: mode: invalid value 'bad'; allowed: run, describe, search"),
+    ("search.kappa=0.1,0.2", "error: search.kappa=0.1,0.2: a sweep runs only with --multirun (-m); add it, or give one value"),
+])
+def test_bad_override_is_one_line_naming_the_key_and_the_allowed_values(override, line):
+    assert override_problems([*MISSION, override]) == [line.removeprefix("error: ")]
+
+
+def test_override_grammar_error_names_the_override():
+    [line] = override_problems([*MISSION, "search.passes=[total"])
+    assert line.startswith("override 'search.passes=[total': ")
+
+
+def test_good_overrides_and_calls_left_to_hydra_pass_the_check(tmp_path):
+    assert override_problems([*MISSION, "search.passes=[total,dynamic]", f"hydra.run.dir={tmp_path}/r"]) == []
+    assert override_problems(["-m", *MISSION, "search.kappa=0.1,0.2"]) == []  # a real sweep: Hydra's call
+    assert override_problems(["--cfg", "job", "search=nope"]) == []  # Hydra's own flags: Hydra reports
+
+
+def test_config_dir_options_are_listed_with_the_shipped_ones(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "my_model.yaml").write_text("name: my_model\n")
+    [line] = override_problems(["--config-dir", str(tmp_path), "+model=nope", "parallel=pp2_tp8"])
+    assert line.startswith("model=nope: no such option; allowed: ") and "my_model" in line and "qwen1.7b" in line
+
+
+def test_bad_override_exits_2_with_one_line_and_writes_nothing(tmp_path):
+    res = kareus(tmp_path, *MISSION, "search.passes=[total,bogus]")
+    out = res.stdout + res.stderr
+    assert res.returncode == 2, out
+    assert "Traceback" not in out and "HYDRA_FULL_ERROR" not in out
+    assert error_lines(res.stderr) == [
+        "error: search.passes[1]: invalid value 'bogus'; allowed: total, dynamic, static, uncertainty, fastest, "
+        "spread, local, coverage"]
     assert left_behind(tmp_path) == []
 
 
