@@ -89,9 +89,11 @@ def conf_workload(model: str, parallel: str) -> tuple[ModelSpec, ParallelSpec]:
     return OmegaConf.to_object(m).spec(), OmegaConf.to_object(p).spec()
 
 
-def sim_truths(seed: int = 0, hardware: str = "a100_sim", workloads=None) -> list[Truth]:
+def sim_truths(seed: int = 0, hardware: str = "a100_sim", workloads=None, space_cfg=None,
+               keys: tuple[str, ...] | None = None) -> list[Truth]:
     """Every partition type of ``workloads`` ((label, model, parallel) triples; default: the two of the
-    summary) measured over its whole space on the simulated ``hardware``."""
+    summary), or those named in ``keys``, measured over its whole space (``space_cfg``; default: the
+    searcher's default space) on the simulated ``hardware``."""
     import kareus.hardware  # noqa: F401  (registers backends)
     import kareus.partition  # noqa: F401
     from omegaconf import OmegaConf
@@ -110,7 +112,9 @@ def sim_truths(seed: int = 0, hardware: str = "a100_sim", workloads=None) -> lis
         parts = PARTITIONERS.build("nanobatch", config={}).partition(build_workload(model, par))
         P = backend.gpu.static_power_w
         for t in parts.types:
-            space = build_space(t, backend.gpu, SpaceConfig())
+            if keys is not None and t.key not in keys:
+                continue
+            space = build_space(t, backend.gpu, space_cfg or SpaceConfig())
             table = {}
             for c in space:
                 backend.idle(30.0)  # a cooldown between windows, as the profiler does
@@ -230,17 +234,33 @@ def by_workload(rows: list[dict], metric: str) -> dict:
     return {w: {s: {f: float(np.mean(v)) for f, v in d.items()} for s, d in sd.items()} for w, sd in out.items()}
 
 
-def time_mbo_batch(truths: list[Truth]) -> dict:
-    """Fit + acquisition of one MBO batch on the largest space (the issue asks: well under 1 s on 2 cores)."""
-    import kareus.search  # noqa: F401
-    from kareus.registry import SEARCHERS
+TIMING_SMS = tuple(range(2, 19, 2))  # one SM level more than the default space: 720 candidates on bwd_attn
 
-    big = max(truths, key=lambda t: len(t.space))
+
+def time_mbo_batch() -> dict:
+    """Fit + acquisition of MBO batches on a 720-candidate space (the widest qwen1.7b pp2_tp8 partition
+    with SM counts 2..18; simulated A100): the issue asks for well under 1 s per batch on 2 cores."""
+    import kareus.partition  # noqa: F401
+    import kareus.search  # noqa: F401
+    from kareus.registry import PARTITIONERS, SEARCHERS
+    from kareus.search.space import SpaceConfig
+    from kareus.workload import build_workload
+
+    model, parallel = WORKLOADS[0]
+    spec = conf_workload(model, parallel)
+    types = PARTITIONERS.build("nanobatch", config={}).partition(build_workload(*spec)).types
+    widest = max(types, key=lambda t: len(t.slots))
+    big = sim_truths(workloads=[(f"{model}-{parallel}", *spec)], space_cfg=SpaceConfig(sms=list(TIMING_SMS)),
+                     keys=(widest.key,))[0]
     n = len(big.space)
     budget = math.ceil(0.4 * n)
-    s = SEARCHERS.build("mbo", config={"seed": 0, "budget": budget})
-    s.run(SearchProblem(big.partition, big.space, big.evaluate, budget, 0, big.static_power_w))
-    batches = [t["fit_s"] + t["acq_s"] for t in s.timings]
+    runs = []
+    for _ in range(2):  # the first run pays xgboost's and the thread pool's start-up: reported apart
+        s = SEARCHERS.build("mbo", config={"seed": 0, "budget": budget})
+        s.run(SearchProblem(big.partition, big.space, big.evaluate, budget, 0, big.static_power_w))
+        runs.append(s.timings)
+    cold, warm = runs
+    batches = [t["fit_s"] + t["acq_s"] for t in warm]
     # HVI of 5000 candidates against a 50-point front, the vectorised sweep
     rng = np.random.default_rng(0)
     tt = np.sort(rng.random(50))
@@ -251,9 +271,10 @@ def time_mbo_batch(truths: list[Truth]) -> dict:
         hvi(cands, front, (1.1, 1.1))
         reps.append(time.perf_counter() - t0)
     return {"space": n, "partition": big.partition.key, "batches": len(batches),
-            "fit_s_mean": float(np.mean([t["fit_s"] for t in s.timings])),
-            "acq_s_mean": float(np.mean([t["acq_s"] for t in s.timings])),
+            "fit_s_mean": float(np.mean([t["fit_s"] for t in warm])),
+            "acq_s_mean": float(np.mean([t["acq_s"] for t in warm])),
             "batch_s_max": float(max(batches)), "batch_s_mean": float(np.mean(batches)),
+            "cold_first_batch_s": float(cold[0]["fit_s"] + cold[0]["acq_s"]),
             "hvi_5000x50_ms": 1000 * float(np.median(reps))}
 
 
@@ -301,7 +322,7 @@ def main(argv: list[str] | None = None) -> dict:
             qrows, qt = run_all(truths, ["qnehvi"], args.qnehvi_seeds, budgets, jobs=args.jobs)
             rows += qrows
             timing.update(qt)
-    batch = time_mbo_batch(truths)
+    batch = time_mbo_batch()
     doc = {
         "held_out": args.holdout,
         "description": "hypervolume ratio of each searcher's measured (time, total energy) frontier to the "
@@ -340,7 +361,7 @@ def print_table(doc: dict) -> None:
     b = doc["mbo_batch_timing"]
     print(f"\nMBO fit+acquisition per batch on {b['space']} candidates: mean {b['batch_s_mean']:.3f} s, "
           f"max {b['batch_s_max']:.3f} s (fit {b['fit_s_mean']:.3f} s, acquisition {b['acq_s_mean']:.3f} s); "
-          f"HVI 5000x50: {b['hvi_5000x50_ms']:.2f} ms")
+          f"first batch in a fresh process {b['cold_first_batch_s']:.3f} s; HVI 5000x50: {b['hvi_5000x50_ms']:.2f} ms")
 
 
 if __name__ == "__main__":

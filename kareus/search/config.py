@@ -32,7 +32,7 @@ class SearcherConfig:
     budget_frac: float | None = 0.15
     batch_size: int = 32
     initial: int | None = None  # initial design size; None: min(batch_size, max(6, budget // 4))
-    min_rounds: int = 4  # batches shrink below batch_size so that the guided phase has this many rounds
+    min_rounds: int = 5  # batches shrink below batch_size so that the guided phase has this many rounds
     space: SpaceConfig = field(default_factory=SpaceConfig)
 
     def problems(self, ctx: Any = None) -> list[str]:
