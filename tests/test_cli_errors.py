@@ -100,6 +100,7 @@ def test_override_grammar_error_names_the_override():
 def test_good_overrides_and_calls_left_to_hydra_pass_the_check(tmp_path):
     assert override_problems([*MISSION, "search.passes=[total,dynamic]", f"hydra.run.dir={tmp_path}/r"]) == []
     assert override_problems(["-m", *MISSION, "search.kappa=0.1,0.2"]) == []  # a real sweep: Hydra's call
+    assert override_problems([*MISSION, "hydra.mode=MULTIRUN", "search.kappa=0.1,0.2"]) == []
     assert override_problems(["--cfg", "job", "search=nope"]) == []  # Hydra's own flags: Hydra reports
 
 

@@ -45,8 +45,7 @@ def _message(err: Exception) -> str:
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
     if isinstance(err, OverrideParseException):
-        return f"override '{err.override}': {_first_line(err.message)} (see Hydra's override grammar)" \
-            if getattr(err, "override", None) else f"override: {_first_line(str(err))}"
+        return f"override '{err.override}': {_first_line(err.message)} (see Hydra's override grammar)"
     if isinstance(err, MissingConfigException):
         missing = str(err.missing_cfg_file or "")
         group, _, option = missing.rpartition("/")
@@ -92,6 +91,8 @@ def override_problems(argv: Sequence[str]) -> list[str]:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except OverrideParseException as err:
         return [_message(err)]
+    if any(o.key_or_group == "hydra.mode" for o in parsed):
+        return []  # hydra.mode=MULTIRUN is multirun without -m: Hydra's call
     sweeps = [o.input_line for o in parsed if o.is_sweep_override()]
     if sweeps:
         return [f"{sweeps[0]}: a sweep runs only with --multirun (-m); add it, or give one value"]
