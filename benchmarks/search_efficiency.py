@@ -12,12 +12,12 @@ summary[searcher][budget_frac] averages each workload over its partitions and se
 workloads with equal weight.
 
     python benchmarks/search_efficiency.py                 # all searchers but qnehvi, 5 seeds
-    python benchmarks/search_efficiency.py --qnehvi        # + BoTorch qLogNEHVI (slow: ~1 min per run)
+    python benchmarks/search_efficiency.py --qnehvi        # + BoTorch qLogNEHVI, 1 seed (slow on 700-candidate spaces)
     python benchmarks/search_efficiency.py --quick         # 2 seeds, for a smoke run
     python benchmarks/search_efficiency.py --holdout       # llama3.3-70b pp10_tp8 on the simulated H100 alone,
                                                            #   a workload MBO's defaults were not tuned on
-    python benchmarks/search_efficiency.py --searchers mbo,qnehvi --no-sim --budgets 0.1,0.15 --seeds 1 \
-        --out runs/bench/search_efficiency_qnehvi.json    # qnehvi where it is affordable
+    python benchmarks/search_efficiency.py --no-sim --searchers mbo --qnehvi --qnehvi-seeds 5 \
+        --out runs/bench/search_efficiency_qnehvi.json    # qnehvi on the real table, 5 seeds (~5 min)
 """
 from __future__ import annotations
 
