@@ -7,7 +7,9 @@ from that lookup, with the same budget and the same initial design for a seed.
 
 Objectives are normalised so the exhaustive Pareto front spans [0, 1] in time and total energy
 (ideal: best time and energy; nadir: the front's worst), reference point (1.1, 1.1). Beside the
-hypervolume ratio: IGD+ in the same frame and the share of true Pareto points found.
+hypervolume ratio: its standard error over seeds, IGD+ in the same frame, the share of true Pareto points
+found, and per partition and clock how far the lowest-energy setting leads the next (with the repeat
+spread, on the recorded table): the corners where a near-tie decides the score.
 summary[searcher][budget_frac] averages each workload over its partitions and seeds, then the
 workloads with equal weight.
 
