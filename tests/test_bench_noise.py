@@ -1,0 +1,52 @@
+"""The search-efficiency benchmark's noise diagnostics on recorded tables: what one repeat per setting
+would cost an exhaustive search, and how far each clock's lowest-energy corner leads."""
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import search_efficiency as se  # noqa: E402
+
+from kareus.types import Candidate  # noqa: E402
+
+
+def truth(repeats: dict[tuple[str, int], list[tuple[float, float]]]) -> se.Truth:
+    """A one-clock table from (time, energy) repeats; medians are the table, as replay_truths builds it."""
+    space, table, reps = [], {}, {}
+    for (slot, sms), reads in repeats.items():
+        c = Candidate("p", slot, sms, 1410)
+        ts, es = sorted(t for t, _ in reads), sorted(e for _, e in reads)
+        t, e = ts[len(ts) // 2], es[len(es) // 2]
+        space.append(c)
+        table[c] = (t, e, e - 10.0 * t)
+        reps[c] = list(reads)
+    return se.Truth("recorded", None, space, table, 10.0, reps)
+
+
+FRONT = {("a", 2): [(1.0, 3.0)] * 3, ("a", 4): [(2.0, 2.0)] * 3, ("b", 2): [(3.0, 1.0)] * 3}
+
+
+def test_noise_free_repeats_keep_the_whole_front():
+    t = truth({**FRONT, ("b", 4): [(3.0, 2.5)] * 3})
+    assert se.single_repeat_exhaustive(t, draws=20)["mean"] == pytest.approx(1.0)
+    assert se.single_repeat_exhaustive(se.Truth("sim", None, t.space, t.table, 10.0)) is None
+
+
+def test_a_lucky_repeat_of_a_dominated_setting_costs_the_corner():
+    # ("b", 4) has median (3.2, 1.2), dominated by the corner ("b", 2) at (3.0, 1.0); one of its three
+    # repeats reads (2.9, 0.9), which would hide the corner whenever it is the one drawn
+    t = truth({**FRONT, ("b", 4): [(3.2, 1.2), (3.3, 1.3), (2.9, 0.9)]})
+    got = se.single_repeat_exhaustive(t, draws=300, seed=1)
+    lost = got["min"]  # a draw that read the lucky repeat: the front has (3.2, 1.2) for its corner
+    assert lost < 1.0 and got["p10"] == pytest.approx(lost)
+    assert 1.0 - got["mean"] == pytest.approx((1.0 - lost) / 3, rel=0.25)  # a third of the draws lose it
+
+
+def test_corner_lead_and_repeat_spread_from_recorded_energies():
+    t = truth({**FRONT, ("b", 4): [(3.2, 1.1), (3.3, 1.2), (3.1, 1.0)]})
+    (row,) = se.corner_noise(t)
+    assert row["corner"] == "b/2 SMs"
+    assert row["lead"] == pytest.approx(0.1)  # runner-up median 1.1 against the corner's 1.0
+    assert row["repeat_spread_median"] == pytest.approx(0.0)  # three of four settings repeat exactly
+    assert row["hv_ratio_without"] < 1.0
