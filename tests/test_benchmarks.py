@@ -1,5 +1,6 @@
-"""The search-efficiency benchmark's noise diagnostics on recorded tables: what one repeat per setting
-would cost an exhaustive search, and how far each clock's lowest-energy corner leads."""
+"""Benchmark scoring: the search-efficiency noise diagnostics on recorded tables (what one repeat per
+setting would cost an exhaustive search, how far each clock's lowest-energy corner leads) and the
+plan-quality comparison against the exhaustive composition."""
 import sys
 from pathlib import Path
 
@@ -50,3 +51,24 @@ def test_corner_lead_and_repeat_spread_from_recorded_energies():
     assert row["lead"] == pytest.approx(0.1)  # runner-up median 1.1 against the corner's 1.0
     assert row["repeat_spread_median"] == pytest.approx(0.0)  # three of four settings repeat exactly
     assert row["hv_ratio_without"] < 1.0
+
+
+def test_plan_quality_compares_the_plans_a_user_picks():
+    import plan_quality as pq
+
+    from kareus.frontier import Frontier
+
+    class Composed:  # what compose() returns, as far as plan_points reads it
+        def __init__(self, pts):
+            self.frontier = Frontier.from_arrays([t for t, _ in pts], [e for _, e in pts])
+
+    exh = pq.plan_points(Composed([(1.0, 10.0), (1.5, 8.0), (2.0, 7.0), (3.0, 6.0)]), reference_time_s=2.0)
+    assert list(exh["fastest"]) == [1.0, 10.0] and list(exh["deadline"]) == [2.0, 7.0]
+    assert pq.compare(exh, exh) == {"hv_ratio": 1.0, "fastest_extra_time": 0.0, "fastest_extra_energy": 0.0,
+                                    "deadline_extra_energy": 0.0}
+    ours = pq.plan_points(Composed([(1.1, 10.0), (1.9, 7.7), (3.0, 6.0)]), reference_time_s=2.0)
+    got = pq.compare(ours, exh)
+    assert got["fastest_extra_time"] == pytest.approx(0.1) and got["deadline_extra_energy"] == pytest.approx(0.1)
+    assert got["hv_ratio"] < 1.0
+    late = pq.plan_points(Composed([(2.5, 6.5)]), reference_time_s=2.0)
+    assert late["deadline"] is None and "deadline_extra_energy" not in pq.compare(late, exh)

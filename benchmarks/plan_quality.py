@@ -1,0 +1,187 @@
+"""Plan quality: what searching a fraction of each partition's space costs in the execution plans.
+
+The partition hypervolume ratios of search_efficiency.py weigh every part of a partition's frontier
+alike; a user sees the plans. Here, per workload on the simulated A100 (numbers are simulated), every
+partition's whole space is measured once (the same lookup as search_efficiency.py), and the
+residual work and Megatron's reference once through the profiler. Each searcher's measured
+candidates are then composed into the iteration frontier exactly as a run composes them
+(``kareus.pipeline.composing.compose``), beside the composition of every candidate (exhaustive).
+
+Reported per searcher and budget, mean over seeds and then workloads, against the exhaustive
+composition: the iteration frontier's hypervolume ratio (normalised as in search_efficiency.py), and
+the extra energy of two plans a user picks: the least-energy plan within Megatron's iteration time
+(``plan.deadline_s``) and the fastest plan (``plan.select=max_throughput``, whose extra time is reported too).
+
+    python benchmarks/plan_quality.py            # mbo, tpe, artifact, random at 10% and 15%, 3 seeds
+    python benchmarks/plan_quality.py --quick    # 1 seed
+
+Writes runs/bench/plan_quality.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import search_efficiency as se  # noqa: E402
+
+from kareus.search.hv import hypervolume, nondominated, normalise  # noqa: E402
+
+SEARCHERS = ("mbo", "tpe", "artifact", "random")
+BUDGETS = (0.1, 0.15)
+
+
+def workload_context(model: str, parallel: str, run_dir: Path):
+    """The run context ``python -m kareus +model=MODEL parallel=PARALLEL`` builds (default simulated A100)."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    from kareus.components import register_all
+    from kareus.config.validate import validate
+    from kareus.pipeline.context import build_context
+
+    register_all()
+    GlobalHydra.instance().clear()
+    with initialize_config_module(version_base="1.3", config_module="kareus.conf"):
+        cfg = compose("config", overrides=[f"+model={model}", f"parallel={parallel}"])
+    return build_context(cfg, validate(cfg), run_dir)
+
+
+def exhaustive_inputs(ctx, label: str, run_dir: Path):
+    """Every partition measured over its whole space, then the residual work and the reference."""
+    from kareus.pipeline.composing import measure_fixed_work
+    from kareus.pipeline.searching import make_backend
+    from kareus.profiler import Journal, Profiler, ProfilerConfig
+    from kareus.profiler.journal import journal_path_for
+    from kareus.registry import SEARCHERS as REG, to_dataclass
+    from kareus.search import build_space
+
+    backend = make_backend(ctx)
+    space_cfg = ctx.typed["search"].space
+    truths = [se.measure_space(label, backend, t, build_space(t, ctx.gpu, space_cfg)) for t in ctx.partitioning.types]
+    results = [REG.build("exhaustive", config={"seed": 0, "budget": len(t.space)}).run(se.problem(t, len(t.space), 0))
+               for t in truths]
+    journal = Journal.open(journal_path_for(run_dir), ctx.config_hash)
+    try:
+        with Profiler(to_dataclass(ProfilerConfig, ctx.typed["profiler"]), backend, journal) as profiler:
+            residual, reference = measure_fixed_work(ctx, profiler, results)
+    finally:
+        journal.close()
+    return truths, results, residual, reference
+
+
+def plan_points(frontier, reference_time_s: float) -> dict:
+    """The fastest plan, and the least-energy plan within Megatron's iteration time (None if none is)."""
+    pts = np.array([[p.time_s, p.energy_j] for p in frontier.frontier])
+    fastest = pts[np.argmin(pts[:, 0])]
+    within = pts[pts[:, 0] <= reference_time_s]
+    deadline = within[np.argmin(within[:, 1])] if len(within) else None
+    return {"points": pts, "fastest": fastest, "deadline": deadline}
+
+
+def compare(ours: dict, exh: dict) -> dict:
+    ideal, nadir = exh["points"].min(axis=0), exh["points"].max(axis=0)
+    base = hypervolume(normalise(nondominated(exh["points"]), ideal, nadir), se.REF)
+    out = {"hv_ratio": hypervolume(normalise(nondominated(ours["points"]), ideal, nadir), se.REF) / base,
+           "fastest_extra_time": float(ours["fastest"][0] / exh["fastest"][0] - 1),
+           "fastest_extra_energy": float(ours["fastest"][1] / exh["fastest"][1] - 1)}
+    if ours["deadline"] is not None and exh["deadline"] is not None:
+        out["deadline_extra_energy"] = float(ours["deadline"][1] / exh["deadline"][1] - 1)
+    return out
+
+
+def run_workload(model: str, parallel: str, searchers, budgets, seeds: int) -> list[dict]:
+    from kareus.pipeline.composing import compose
+    from kareus.registry import SEARCHERS as REG
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        ctx = workload_context(model, parallel, Path(tmp))
+        t0 = time.perf_counter()
+        truths, results, residual, reference = exhaustive_inputs(ctx, f"{model}-{parallel}", Path(tmp))
+        comp = compose(ctx, results, residual, reference)
+        ref_t = comp.reference.time_s
+        exh = plan_points(comp.frontier, ref_t)
+        print(f"{model} {parallel}: {sum(len(t.space) for t in truths)} candidates, exhaustive frontier "
+              f"{len(exh['points'])} plans ({time.perf_counter() - t0:.0f} s; simulated)", flush=True)
+        for frac in budgets:
+            for seed in range(seeds):
+                for name in searchers:
+                    res = []
+                    for t in truths:
+                        budget = se.budget_of(frac, len(t.space))
+                        s = REG.build(name, config=se.searcher_config(name, seed, budget))
+                        res.append(s.run(se.problem(t, budget, seed)))
+                    ours = plan_points(compose(ctx, res, residual, reference).frontier, ref_t)
+                    rows.append({"workload": f"{model}-{parallel}", "searcher": name, "budget_frac": frac, "seed": seed,
+                                 "profiled": sum(len(r.measurements) for r in res), **compare(ours, exh)})
+                print(f"  budget {frac:g} seed {seed} done", flush=True)
+    return rows
+
+
+def summarise(rows: list[dict], metric: str) -> dict:
+    """Mean over seeds per workload, then over workloads; rows without the metric are left out."""
+    out: dict = {}
+    for name in dict.fromkeys(r["searcher"] for r in rows):
+        for frac in sorted({r["budget_frac"] for r in rows}):
+            per_w: dict[str, list[float]] = {}
+            for r in rows:
+                if r["searcher"] == name and r["budget_frac"] == frac and metric in r:
+                    per_w.setdefault(r["workload"], []).append(r[metric])
+            if per_w:
+                out.setdefault(name, {})[str(frac)] = float(np.mean([np.mean(v) for v in per_w.values()]))
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="1 seed")
+    ap.add_argument("--searchers", default=",".join(SEARCHERS))
+    ap.add_argument("--budgets", default=",".join(str(b) for b in BUDGETS))
+    ap.add_argument("--out", default=str(ROOT / "runs" / "bench" / "plan_quality.json"))
+    args = ap.parse_args(argv)
+    seeds = 1 if args.quick else args.seeds
+    searchers = [s for s in args.searchers.split(",") if s]
+    budgets = tuple(float(b) for b in args.budgets.split(","))
+    t0 = time.perf_counter()
+    rows = []
+    for model, parallel in se.WORKLOADS:
+        rows += run_workload(model, parallel, searchers, budgets, seeds)
+    metrics = ("hv_ratio", "deadline_extra_energy", "fastest_extra_energy", "fastest_extra_time")
+    doc = {"description": "iteration frontiers composed from each searcher's measured candidates against the "
+                          "composition of every candidate (simulated A100): HV ratio, and the extra energy "
+                          "(and time) of the least-energy plan within Megatron's time and of the fastest plan",
+           "workloads": [f"{m}-{p}" for m, p in se.WORKLOADS], "seeds": seeds,
+           **{m: summarise(rows, m) for m in metrics}, "runs": rows, "wall_s": time.perf_counter() - t0}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    print_table(doc, budgets)
+    print(f"wrote {out} ({doc['wall_s']:.0f} s)")
+    return doc
+
+
+def print_table(doc: dict, budgets) -> None:
+    cols = [str(b) for b in budgets]
+    for title, key, fmt in (("iteration frontier HV ratio (simulated)", "hv_ratio", "{:.4f}"),
+                            ("extra energy, least-energy plan within Megatron's time", "deadline_extra_energy", "{:+.2%}"),
+                            ("extra energy, fastest plan", "fastest_extra_energy", "{:+.2%}"),
+                            ("extra time, fastest plan", "fastest_extra_time", "{:+.2%}")):
+        print(f"\n{title}; mean over {', '.join(doc['workloads'])}")
+        print(f"{'searcher':<10}" + "".join(f"{c:>10}" for c in cols))
+        for name, row in doc[key].items():
+            print(f"{name:<10}" + "".join(f"{fmt.format(row[c]) if c in row else 'n/a':>10}" for c in cols))
+
+
+if __name__ == "__main__":
+    main()
