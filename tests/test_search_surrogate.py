@@ -1,4 +1,4 @@
-"""The surrogate's ridge baseline: closed-form leave-one-out, basis choice, clipping; expected-HVI passes."""
+"""The surrogate's ridge baseline: closed-form leave-one-out, basis choice, clipping; expected-HVI and per-clock passes."""
 import numpy as np
 import pytest
 
@@ -111,3 +111,27 @@ def test_expected_accepts_only_hypervolume_passes():
     assert len(bad) == 1 and "search.expected" in bad[0] and "uncertainty" in bad[0]
     assert config_problems(MBOConfig(surrogate=SurrogateConfig(clip_margin=-1)))[0].startswith(
         "search.surrogate.clip_margin")
+
+
+def clock_context(per_clock, greedy=False):
+    """Measured: (1, 1) at clock 0. Predicted: candidate 0 (clock 1) at (1.2, 1.2) and candidate 2
+    (clock 1) at (1.3, 1.3), both behind it; candidate 1 (clock 0) at (0.95, 1.5), just beside it."""
+    measured = {"time": np.array([1.0]), "dynamic": np.array([1.0]), "total": np.array([1.0])}
+    t = np.array([[1.2, 0.95, 1.3]] * 2)
+    e = np.array([[1.2, 1.5, 1.3]] * 2)
+    samples = {"time": t, "dynamic": e, "total": e, "static": t}
+    return Context(np.arange(3), samples, measured, kappa=0.0, greedy=greedy, per_clock=frozenset(per_clock),
+                   clock_of=np.array([1, 0, 1]), measured_clock=np.array([0]))
+
+
+def test_per_clock_pass_scores_against_the_front_of_the_candidates_own_clock():
+    free = np.ones(3, dtype=bool)
+    dynamic = ACQUISITIONS.build("dynamic")
+    # against the whole front only candidate 1 is not dominated
+    assert [p for p, _ in dynamic.select(clock_context([]), 3, free)][0] == 1
+    # clock 1 has no measured point: its candidates fill an empty front and outscore candidate 1
+    assert [p for p, _ in dynamic.select(clock_context(["dynamic"]), 2, free)] == [0, 2]
+    # greedy: the first pick joins clock 1's front, which then dominates candidate 2
+    picks = dynamic.select(clock_context(["dynamic"], greedy=True), 2, free)
+    assert [p for p, _ in picks] == [0, 1] and picks[1][1] > 0
+    assert config_problems(MBOConfig(per_clock=[PassName.uncertainty]))[0].startswith("search.per_clock")

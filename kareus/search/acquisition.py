@@ -29,6 +29,9 @@ class Context:
     ref_margin: float = 0.1
     ref_factor: float | None = None  # if set: ref = factor x observed maxima (raw units), as the artifact does
     expected: frozenset[str] = frozenset()  # HVI passes that score the mean HVI over ensemble members (Monte-Carlo EHVI)
+    per_clock: frozenset[str] = frozenset()  # HVI passes scored against the measured front at the candidate's clock
+    clock_of: np.ndarray | None = None  # pool: clock of each candidate (needed by per_clock passes)
+    measured_clock: np.ndarray | None = None  # clock of each measured point, aligned with ``measured``
     sparse: np.ndarray | None = None  # pool mask: the candidate's slot has too few measurements
     slot_of: np.ndarray | None = None  # pool: slot id of each candidate
     near: np.ndarray | None = None  # pool mask: within one SM/clock step of a measured Pareto point, same slot
@@ -71,11 +74,6 @@ def _member_points(ctx: Context, obj: str) -> np.ndarray:
     return (pts - lo) / span
 
 
-def _expected_hvi(members: np.ndarray, front: np.ndarray, ref: np.ndarray) -> np.ndarray:
-    """Mean HVI over ensemble members: rewards candidates that some members place on the frontier."""
-    return np.mean([hvi(m, front, ref) for m in members], axis=0)
-
-
 def _epsilon(cand: np.ndarray, front: np.ndarray) -> np.ndarray:
     """Smallest equal shift in both objectives that makes each candidate non-dominated (0 if it is)."""
     f = nondominated(front)
@@ -83,6 +81,19 @@ def _epsilon(cand: np.ndarray, front: np.ndarray) -> np.ndarray:
         return np.zeros(len(cand))
     d = np.max(cand[:, None, :] - f[None, :, :], axis=2)  # shift needed to escape each front point
     return np.clip(np.min(d, axis=1), 0.0, None)
+
+
+def _by_clock(fn, cand: np.ndarray, cand_clock: np.ndarray | None, front: np.ndarray,
+              front_clock: np.ndarray | None) -> np.ndarray:
+    """``fn(candidates, front)`` of each candidate against the front of its own clock (all of it if
+    no clocks are given)."""
+    if cand_clock is None or front_clock is None:
+        return fn(cand, front)
+    out = np.zeros(len(cand))
+    for clock in np.unique(cand_clock):
+        m = cand_clock == clock
+        out[m] = fn(cand[m], front[front_clock == clock])
+    return out
 
 
 def _rank_pick(score: np.ndarray, tie: np.ndarray, k: int, free: np.ndarray) -> list[int]:
@@ -103,29 +114,41 @@ class HVIPass:
     def select(self, ctx: Context, k: int, free: np.ndarray) -> list[tuple[int, float]]:
         cand, front, ref = _scaled(ctx, self.objective, ctx.kappa)
         members = _member_points(ctx, self.objective) if self.name in ctx.expected else None
+        per_clock = self.name in ctx.per_clock and ctx.clock_of is not None and ctx.measured_clock is not None
+        cclk = ctx.clock_of if per_clock else None
+        fclk = ctx.measured_clock if per_clock else None
 
-        def score(fr: np.ndarray) -> np.ndarray:
-            return _expected_hvi(members, fr, ref) if members is not None else hvi(cand, fr, ref)
+        def improvement(pts: np.ndarray, fr: np.ndarray, fr_clk: np.ndarray | None) -> np.ndarray:
+            return _by_clock(lambda c, f: hvi(c, f, ref), pts, cclk, fr, fr_clk)
+
+        def score(fr: np.ndarray, fr_clk: np.ndarray | None) -> np.ndarray:
+            if members is None:
+                return improvement(cand, fr, fr_clk)
+            return np.mean([improvement(m, fr, fr_clk) for m in members], axis=0)
 
         free = free.copy()
         if not ctx.greedy:
-            h = score(front)
-            picks = _rank_pick(h, _epsilon(cand, front), k, free)
+            h = score(front, fclk)
+            picks = _rank_pick(h, _by_clock(_epsilon, cand, cclk, front, fclk), k, free)
             return [(p, float(h[p])) for p in picks]
         out: list[tuple[int, float]] = []
-        front = nondominated(front)
+        if not per_clock:
+            front = nondominated(front)
         for _ in range(min(k, int(free.sum()))):
-            h = score(front)
+            h = score(front, fclk)
             h[~free] = -1.0
             if h.max() > 0:
                 p = int(np.argmax(h))
             else:
-                eps = _epsilon(cand, front)
+                eps = _by_clock(_epsilon, cand, cclk, front, fclk)
                 eps[~free] = np.inf
                 p = int(np.argmin(eps))
             out.append((p, float(max(h[p], 0.0))))
             free[p] = False
-            front = nondominated(np.vstack([front, cand[p]]))
+            if per_clock:  # the pick joins its own clock's front (kept whole: hvi reduces it)
+                front, fclk = np.vstack([front, cand[p]]), np.append(fclk, cclk[p])
+            else:
+                front = nondominated(np.vstack([front, cand[p]]))
         return out
 
 

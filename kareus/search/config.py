@@ -95,6 +95,10 @@ class MBOConfig(SearcherConfig):
     # passes that score the mean HVI over the ensemble members (Monte-Carlo EHVI: explores where some
     # members see a frontier point) instead of the HVI of the mean prediction (exploits)
     expected: list[PassName] = field(default_factory=lambda: [PassName.dynamic, PassName.static])
+    # passes that score each candidate against the measured front at its own clock: the microbatch
+    # composer adds the partitions' (time, dynamic energy) options clock by clock, so those per-clock
+    # fronts are what it combines
+    per_clock: list[PassName] = field(default_factory=lambda: [PassName.dynamic])
     stop_gain: float = 0.0  # stop when the batch's predicted HV gain / current HV falls below this
     ref_margin: float = 0.1  # reference point: observed maxima + margin x observed range
 
@@ -214,6 +218,9 @@ def config_problems(cfg: SearcherConfig) -> list[str]:
         bad = [p.value for p in cfg.expected if p.value not in EXPECTED_PASSES]
         if bad:
             out.append(f"search.expected: {bad} score no hypervolume; allowed: {list(EXPECTED_PASSES)}")
+        bad = [p.value for p in cfg.per_clock if p.value not in EXPECTED_PASSES]
+        if bad:
+            out.append(f"search.per_clock: {bad} score no hypervolume; allowed: {list(EXPECTED_PASSES)}")
         if s.clip_margin < 0:
             out.append(f"search.surrogate.clip_margin={s.clip_margin} must be >= 0")
         if not 0 <= cfg.final_local <= 1:

@@ -7,6 +7,9 @@ one users pick plans by, scores the HVI of the slightly optimistic point mean - 
 mean being a fit on every measured point (exploitation); the passes named in
 ``search.expected`` (default: dynamic and static) score the mean HVI over the members (Monte-Carlo
 EHVI), which pulls in candidates that only some members put on the frontier (exploration). The
+passes named in ``search.per_clock`` (default: dynamic) score each candidate against the measured
+front at its own clock: the microbatch composer adds the partitions' (time, dynamic energy) options
+clock by clock, so each clock's front is what it combines, not the global one. The
 surrogate's ridge baseline picks its basis per fit by leave-one-out error: main effects while a
 handful of points are measured, slot interactions once the data carries them.
 
@@ -148,6 +151,8 @@ class MBOSearcher:
             counts = np.bincount(grid[run.ok(), 0], minlength=int(grid[:, 0].max()) + 1)
             ctx = Context(pool, samples, measured, kappa=cfg.kappa, greedy=cfg.greedy, ref_margin=cfg.ref_margin,
                           expected=frozenset(PassName(p).value for p in cfg.expected),
+                          per_clock=frozenset(PassName(p).value for p in cfg.per_clock),
+                          clock_of=grid[pool, 2], measured_clock=grid[run.ok(), 2],
                           near=near_front(run, grid, pool), slot_of=grid[pool, 0],
                           sparse=counts[grid[pool, 0]] < cfg.min_per_slot, rng=rng)
             n_local = int(round(cfg.final_local * k)) if k >= run.remaining else 0  # last batch: exploit
