@@ -128,20 +128,6 @@ def run_workload(model: str, parallel: str, searchers, budgets, seeds: int) -> l
     return rows
 
 
-def summarise(rows: list[dict], metric: str) -> dict:
-    """Mean over seeds per workload, then over workloads; rows without the metric are left out."""
-    out: dict = {}
-    for name in dict.fromkeys(r["searcher"] for r in rows):
-        for frac in sorted({r["budget_frac"] for r in rows}):
-            per_w: dict[str, list[float]] = {}
-            for r in rows:
-                if r["searcher"] == name and r["budget_frac"] == frac and metric in r:
-                    per_w.setdefault(r["workload"], []).append(r[metric])
-            if per_w:
-                out.setdefault(name, {})[str(frac)] = float(np.mean([np.mean(v) for v in per_w.values()]))
-    return out
-
-
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, default=3)
@@ -162,7 +148,7 @@ def main(argv: list[str] | None = None) -> dict:
                           "composition of every candidate (simulated A100): HV ratio, and the extra energy "
                           "(and time) of the least-energy plan within Megatron's time and of the fastest plan",
            "workloads": [f"{m}-{p}" for m, p in se.WORKLOADS], "seeds": seeds,
-           **{m: summarise(rows, m) for m in metrics}, "runs": rows, "wall_s": time.perf_counter() - t0}
+           **{m: se.summarise(rows, m) for m in metrics}, "runs": rows, "wall_s": time.perf_counter() - t0}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")
@@ -172,15 +158,11 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def print_table(doc: dict, budgets) -> None:
-    cols = [str(b) for b in budgets]
-    for title, key, fmt in (("iteration frontier HV ratio (simulated)", "hv_ratio", "{:.4f}"),
-                            ("extra energy, least-energy plan within Megatron's time", "deadline_extra_energy", "{:+.2%}"),
-                            ("extra energy, fastest plan", "fastest_extra_energy", "{:+.2%}"),
-                            ("extra time, fastest plan", "fastest_extra_time", "{:+.2%}")):
-        print(f"\n{title}; mean over {', '.join(doc['workloads'])}")
-        print(f"{'searcher':<10}" + "".join(f"{c:>10}" for c in cols))
-        for name, row in doc[key].items():
-            print(f"{name:<10}" + "".join(f"{fmt.format(row[c]) if c in row else 'n/a':>10}" for c in cols))
+    se.print_budget_tables(doc, [str(b) for b in budgets], (
+        ("iteration frontier HV ratio (simulated)", "hv_ratio", "{:.4f}"),
+        ("extra energy, least-energy plan within Megatron's time", "deadline_extra_energy", "{:+.2%}"),
+        ("extra energy, fastest plan", "fastest_extra_energy", "{:+.2%}"),
+        ("extra time, fastest plan", "fastest_extra_time", "{:+.2%}")))
 
 
 if __name__ == "__main__":

@@ -285,15 +285,17 @@ def run_all(truths: list[Truth], searchers: list[str], seeds: int, budgets: tupl
 
 
 def summarise(rows: list[dict], metric: str) -> dict:
-    """summary[searcher][frac]: mean over partitions and seeds per workload, then over workloads."""
+    """summary[searcher][frac]: mean over partitions and seeds per workload, then over workloads
+    (rows without ``metric`` are left out)."""
     out: dict = {}
     keys = {(r["searcher"], r["budget_frac"]) for r in rows}
     for name, frac in sorted(keys):
         per_w: dict[str, list[float]] = {}
         for r in rows:
-            if r["searcher"] == name and r["budget_frac"] == frac:
+            if r["searcher"] == name and r["budget_frac"] == frac and metric in r:
                 per_w.setdefault(r["workload"], []).append(r[metric])
-        out.setdefault(name, {})[str(frac)] = float(np.mean([np.mean(v) for v in per_w.values()]))
+        if per_w:
+            out.setdefault(name, {})[str(frac)] = float(np.mean([np.mean(v) for v in per_w.values()]))
     return out
 
 
@@ -437,18 +439,23 @@ def main(argv: list[str] | None = None) -> dict:
     return doc
 
 
+def print_budget_tables(doc: dict, budgets: list[str], tables) -> None:
+    """One searcher x budget table per (title, key of ``doc``, format); a missing cell prints n/a."""
+    for title, key, fmt in tables:
+        print(f"\n{title}; mean over workloads: {', '.join(doc['workloads'])}")
+        print(f"{'searcher':<10}" + "".join(f"{f:>10}" for f in budgets))
+        for name, row in doc[key].items():
+            print(f"{name:<10}" + "".join(f"{fmt.format(row[f]) if f in row else 'n/a':>10}" for f in budgets))
+
+
 def print_table(doc: dict) -> None:
     fr = doc["budgets"]
-    for title, key, fmt in (("HV ratio (higher is better)", "summary", "{:.4f}"),
-                            ("HV ratio: standard error over seeds", "summary_sem", "{:.4f}"),
-                            ("HV ratio in (time, dynamic energy), the front the composer combines",
-                             "summary_dynamic", "{:.4f}"),
-                            ("IGD+ (lower is better)", "igd_plus", "{:.4f}"),
-                            ("share of true Pareto points found", "pareto_share", "{:.3f}")):
-        print(f"\n{title}; mean over workloads: {', '.join(doc['workloads'])}")
-        print(f"{'searcher':<10}" + "".join(f"{f:>10}" for f in fr))
-        for name, row in doc[key].items():
-            print(f"{name:<10}" + "".join(f"{fmt.format(row.get(f, float('nan'))):>10}" for f in fr))
+    print_budget_tables(doc, fr, (
+        ("HV ratio (higher is better)", "summary", "{:.4f}"),
+        ("HV ratio: standard error over seeds", "summary_sem", "{:.4f}"),
+        ("HV ratio in (time, dynamic energy), the front the composer combines", "summary_dynamic", "{:.4f}"),
+        ("IGD+ (lower is better)", "igd_plus", "{:.4f}"),
+        ("share of true Pareto points found", "pareto_share", "{:.3f}")))
     recorded = [(p, c) for p in doc["partitions"] for c in p["corners"] if "repeat_spread_median" in c]
     if recorded:
         print("\nrecorded table: per clock, the lowest-energy setting's lead over the next, the HV ratio of the "
