@@ -54,7 +54,7 @@ class RidgeBasis(str, Enum):
     auto = "auto"  # whichever (with its penalty) has the lower leave-one-out error, per fit
 
 
-EXPECTED_PASSES = ("total", "dynamic", "static", "local")  # HVI passes that can score ensemble-expected HVI
+HVI_PASSES = ("total", "dynamic", "static", "local")  # passes that score a hypervolume improvement (search.expected, search.per_clock)
 
 
 @dataclass
@@ -215,12 +215,10 @@ def config_problems(cfg: SearcherConfig) -> list[str]:
             out.append(f"search.surrogate.max_depth={s.max_depth} must be in 1..12")
         if s.rounds <= 0 or s.threads <= 0:
             out.append("search.surrogate.rounds and threads must be > 0")
-        bad = [p.value for p in cfg.expected if p.value not in EXPECTED_PASSES]
-        if bad:
-            out.append(f"search.expected: {bad} score no hypervolume; allowed: {list(EXPECTED_PASSES)}")
-        bad = [p.value for p in cfg.per_clock if p.value not in EXPECTED_PASSES]
-        if bad:
-            out.append(f"search.per_clock: {bad} score no hypervolume; allowed: {list(EXPECTED_PASSES)}")
+        for key, chosen in (("expected", cfg.expected), ("per_clock", cfg.per_clock)):
+            bad = [p.value for p in chosen if p.value not in HVI_PASSES]
+            if bad:
+                out.append(f"search.{key}: {bad} score no hypervolume; allowed: {list(HVI_PASSES)}")
         if s.clip_margin < 0:
             out.append(f"search.surrogate.clip_margin={s.clip_margin} must be >= 0")
         if not 0 <= cfg.final_local <= 1:
