@@ -46,13 +46,14 @@ def workload_context(model: str, parallel: str, run_dir: Path):
     from hydra.core.global_hydra import GlobalHydra
 
     from kareus.components import register_all
+    from kareus.config.overrides import CONFIG_MODULE, CONFIG_NAME
     from kareus.config.validate import validate
     from kareus.pipeline.context import build_context
 
     register_all()
     GlobalHydra.instance().clear()
-    with initialize_config_module(version_base="1.3", config_module="kareus.conf"):
-        cfg = compose("config", overrides=[f"+model={model}", f"parallel={parallel}"])
+    with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
+        cfg = compose(CONFIG_NAME, overrides=[f"+model={model}", f"parallel={parallel}"])
     return build_context(cfg, validate(cfg), run_dir)
 
 
