@@ -74,10 +74,10 @@ def exhaustive_inputs(ctx, label: str, run_dir: Path):
     journal = Journal.open(journal_path_for(run_dir), ctx.config_hash)
     try:
         with Profiler(to_dataclass(ProfilerConfig, ctx.typed["profiler"]), backend, journal) as profiler:
-            residual, reference = measure_fixed_work(ctx, profiler, results)
+            fixed = measure_fixed_work(ctx, profiler, results)
     finally:
         journal.close()
-    return truths, results, residual, reference
+    return truths, results, fixed
 
 
 def plan_points(frontier, reference_time_s: float) -> dict:
@@ -108,8 +108,8 @@ def run_workload(model: str, parallel: str, searchers, budgets, seeds: int) -> l
     with tempfile.TemporaryDirectory() as tmp:
         ctx = workload_context(model, parallel, Path(tmp))
         t0 = time.perf_counter()
-        truths, results, residual, reference = exhaustive_inputs(ctx, f"{model}-{parallel}", Path(tmp))
-        comp = compose(ctx, results, residual, reference)
+        truths, results, fixed = exhaustive_inputs(ctx, f"{model}-{parallel}", Path(tmp))
+        comp = compose(ctx, results, fixed)
         ref_t = comp.reference.time_s
         exh = plan_points(comp.frontier, ref_t)
         print(f"{model} {parallel}: {sum(len(t.space) for t in truths)} candidates, exhaustive frontier "
@@ -122,7 +122,7 @@ def run_workload(model: str, parallel: str, searchers, budgets, seeds: int) -> l
                         budget = se.budget_of(frac, len(t.space))
                         s = REG.build(name, config=se.searcher_config(name, seed, budget))
                         res.append(s.run(se.problem(t, budget, seed)))
-                    ours = plan_points(compose(ctx, res, residual, reference).frontier, ref_t)
+                    ours = plan_points(compose(ctx, res, fixed).frontier, ref_t)
                     rows.append({"workload": f"{model}-{parallel}", "searcher": name, "budget_frac": frac, "seed": seed,
                                  "profiled": sum(len(r.measurements) for r in res), **compare(ours, exh)})
                 print(f"  budget {frac:g} seed {seed} done", flush=True)

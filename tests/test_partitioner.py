@@ -211,3 +211,25 @@ def test_random_layouts_conserve_work_and_slots_cover_chains():
             assert got == pytest.approx(nb * sum(o.flops + o.message_bytes for o in ops), rel=1e-12)
 
     check()
+
+
+@pytest.mark.parametrize("layout", [TP8, CP2], ids=["tp8", "cp2tp4"])
+def test_megatron_reference_is_the_unsplit_layout_with_the_same_work(layout):
+    """The reference runs each microbatch unsplit: the same FLOPs and comm bytes per instruction as
+    the two nanobatches together, half as many (twice as large) partitions, none overlapped."""
+    from kareus.partition import MEGATRON_PREFIX, megatron_partitioning
+
+    w = build_workload(LLAMA, layout)
+    nb = PARTITIONERS.build("nanobatch", config={"merge_boundary": False}).partition(w)
+    meg = megatron_partitioning(w, merge_boundary=False)
+    assert all(t.key.startswith(MEGATRON_PREFIX) and t.slots == () for t in meg.types)
+
+    def totals(p, work):
+        flops = sum(n * sum(o.flops for o in p.type(k).compute) for k, n in work.partitions)
+        comm = sum(n * p.type(k).comm.message_bytes for k, n in work.partitions)
+        return (flops + sum(o.flops for o in work.residual), comm + sum(o.message_bytes for o in work.residual))
+
+    for work in nb.work:
+        unsplit = meg.instruction(work.stage, work.direction)
+        assert totals(meg, unsplit) == pytest.approx(totals(nb, work), rel=1e-9)
+        assert 2 * sum(unsplit.counts.values()) == sum(work.counts.values())

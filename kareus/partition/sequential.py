@@ -1,6 +1,8 @@
-"""The Megatron baseline: same partitions and counts, but every comm runs after its compute (no slots)."""
+"""No overlap: the nanobatch partitions with every comm after its compute (the no-kernel-scheduling
+ablation), and Megatron-LM's own layout, the reference every plan is compared with."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from kareus.partition.segments import partition_workload
@@ -29,5 +31,26 @@ class SequentialPartitioner:
 
 @PARTITIONERS.register("sequential", SequentialPartitionerConfig)
 def make_sequential(cfg: SequentialPartitionerConfig) -> SequentialPartitioner:
-    """No overlap (Megatron baseline): comm after compute, search over comm SMs x clocks."""
+    """No overlap: the same partitions, comm after compute, search over comm SMs x clocks."""
     return SequentialPartitioner(cfg)
+
+
+MEGATRON_PREFIX = "megatron:"
+
+
+def megatron_partitioning(workload: Workload, merge_boundary: bool = True) -> Partitioning:
+    """Megatron-LM's layout of ``workload``'s model and parallelism: each microbatch unsplit (one
+    nanobatch, whatever ``parallel.nanobatches`` says), every comm after its compute.
+
+    Splitting a microbatch costs kernel efficiency (smaller kernels, more launches), so a reference
+    measured on nanobatched partitions would flatter every plan. Keys carry ``megatron:`` so these
+    measurements stay apart from the searched partitions' in the journal.
+    """
+    from kareus.workload import build_workload
+
+    unsplit = build_workload(workload.model, dataclasses.replace(workload.parallel, nanobatches=1), workload.gpus_per_node)
+    p = partition_workload(unsplit, 1, with_slots=False, merge_boundary=merge_boundary, build_slots=build_slots)
+    types = tuple(dataclasses.replace(t, key=MEGATRON_PREFIX + t.key) for t in p.types)
+    work = tuple(dataclasses.replace(w, partitions=tuple((MEGATRON_PREFIX + k, n) for k, n in w.partitions))
+                 for w in p.work)
+    return Partitioning(types, work)

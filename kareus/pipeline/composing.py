@@ -1,4 +1,4 @@
-"""The composition stage: residual work and the Megatron reference are measured, then partition
+"""The composition stage: residual work and Megatron's own layout are measured, then partition
 measurements become instruction options, the iteration frontier, and execution plans."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from kareus.compose import InstructionOption, IterationFrontier, compose_instruc
 from kareus.pipeline.context import RunContext
 from kareus.registry import COMPOSERS
 from kareus.search.base import SearchResult
-from kareus.types import SEQUENTIAL, Candidate, Direction, Measurement
+from kareus.types import SEQUENTIAL, Candidate, Direction, Measurement, Partitioning
 
 OptionKey = tuple[int, Direction]
 
@@ -24,55 +24,84 @@ class Composition:
     residual_measurements: int
 
 
+@dataclass
+class FixedWork:
+    """What composition measures besides the partition searches (all through the journal).
+
+    ``residual``: each instruction's non-partition work at every searched clock. ``anchors``: each
+    searched partition at no overlap, the top clock and the default SMs, a configuration the search
+    may have skipped; as an option it keeps the fastest plan from trailing the plain schedule.
+    ``megatron``: Megatron-LM's own layout (unsplit microbatches, no overlap, top clock, default SMs),
+    its partitions and residual work measured once: the reference every plan is compared with.
+    """
+
+    residual: dict[OptionKey, dict[int, tuple[float, float]]]
+    anchors: dict[str, Measurement]
+    megatron: Partitioning
+    megatron_partitions: dict[str, Measurement]
+    megatron_residual: dict[OptionKey, dict[int, tuple[float, float]]]
+
+    @property
+    def residual_measurements(self) -> int:
+        return sum(len(v) for v in self.residual.values()) + sum(len(v) for v in self.megatron_residual.values())
+
+
 def reference_candidate(key: str, ctx: RunContext) -> Candidate:
     """Megatron's default: no overlap, the top clock, the comm library's default SM count."""
     return Candidate(key, SEQUENTIAL, int(ctx.gpu.default_comm_sms), int(ctx.gpu.max_mhz))
 
 
-def measure_fixed_work(ctx: RunContext, profiler: Any, results: Sequence[SearchResult]
-                       ) -> tuple[dict[OptionKey, dict[int, tuple[float, float]]], dict[str, Measurement]]:
-    """Profile each instruction's residual (non-partition) work at every searched clock, and each
-    partition's Megatron reference candidate. Both go through the journal like any measurement."""
-    assert ctx.partitioning is not None
-    clocks = sorted({int(m.candidate.freq_mhz) for r in results for m in r.measurements if not m.failed}
-                    | {int(ctx.gpu.max_mhz)})
-    residual: dict[OptionKey, dict[int, tuple[float, float]]] = {}
-    for work in ctx.partitioning.work:
-        per_clock: dict[int, tuple[float, float]] = {}
-        if work.residual:
-            for f in clocks:
-                m = profiler.profile_ops(work.residual, f)
-                if not m.failed:
-                    per_clock[f] = (m.time_s, m.dynamic_energy_j)
-        residual[(work.stage, work.direction)] = per_clock
-    reference: dict[str, Measurement] = {}
-    for ptype in ctx.partitioning.types:
-        cand = reference_candidate(ptype.key, ctx)
-        reference[ptype.key] = profiler.evaluator(ptype)([cand], [{"pass": "reference"}])[0]
-    return residual, reference
+def _residual(profiler: Any, work: Any, clocks: Sequence[int]) -> dict[int, tuple[float, float]]:
+    """(time, dynamic energy) of one instruction's residual work per clock; failed reads are left out."""
+    per_clock: dict[int, tuple[float, float]] = {}
+    if work.residual:
+        for f in clocks:
+            m = profiler.profile_ops(work.residual, f)
+            if not m.failed:
+                per_clock[f] = (m.time_s, m.dynamic_energy_j)
+    return per_clock
 
 
-def compose(ctx: RunContext, results: Sequence[SearchResult], residual: Mapping[OptionKey, Mapping[int, tuple[float, float]]],
-            reference: Mapping[str, Measurement]) -> Composition:
-    """Instruction options per (stage, direction), the iteration frontier and the reference point."""
+def _at_reference(ctx: RunContext, profiler: Any, partitioning: Partitioning) -> dict[str, Measurement]:
+    return {t.key: profiler.evaluator(t)([reference_candidate(t.key, ctx)], [{"pass": "reference"}])[0]
+            for t in partitioning.types}
+
+
+def measure_fixed_work(ctx: RunContext, profiler: Any, results: Sequence[SearchResult]) -> FixedWork:
+    """Profile the residual work, the anchors and Megatron's layout (see :class:`FixedWork`)."""
+    from kareus.partition import megatron_partitioning
+
+    assert ctx.partitioning is not None and ctx.workload is not None
+    top = int(ctx.gpu.max_mhz)
+    clocks = sorted({int(m.candidate.freq_mhz) for r in results for m in r.measurements if not m.failed} | {top})
+    megatron = megatron_partitioning(ctx.workload, bool(getattr(ctx.typed["partitioner"], "merge_boundary", True)))
+    return FixedWork(
+        residual={(w.stage, w.direction): _residual(profiler, w, clocks) for w in ctx.partitioning.work},
+        anchors=_at_reference(ctx, profiler, ctx.partitioning),
+        megatron=megatron,
+        megatron_partitions=_at_reference(ctx, profiler, megatron),
+        megatron_residual={(w.stage, w.direction): _residual(profiler, w, [top]) for w in megatron.work})
+
+
+def compose(ctx: RunContext, results: Sequence[SearchResult], fixed: FixedWork) -> Composition:
+    """Instruction options per (stage, direction), the iteration frontier and Megatron's point."""
     from kareus.compose import fixed_option_iteration
 
     assert ctx.partitioning is not None
     measured = {r.partition: [m for m in r.measurements if not m.failed] for r in results}
-    options: dict[OptionKey, list[InstructionOption]] = {}
-    ref_options: dict[OptionKey, InstructionOption] = {}
-    top = int(ctx.gpu.max_mhz)
-    for work in ctx.partitioning.work:
-        key = (work.stage, work.direction)
-        options[key] = compose_instruction(work, measured, residual[key])
-        ref = compose_instruction(work, {k: [m] for k, m in reference.items()},
-                                  {top: residual[key][top]} if top in residual[key] else {})
-        ref_options[key] = ref[0]
+    for key, anchor in fixed.anchors.items():
+        known = measured.setdefault(key, [])
+        if not anchor.failed and all(m.candidate != anchor.candidate for m in known):
+            known.append(anchor)
+    options = {(w.stage, w.direction): compose_instruction(w, measured, fixed.residual[(w.stage, w.direction)])
+               for w in ctx.partitioning.work}
+    megatron = {k: [m] for k, m in fixed.megatron_partitions.items()}
+    ref_options = {(w.stage, w.direction): compose_instruction(w, megatron, fixed.megatron_residual[(w.stage, w.direction)])[0]
+                   for w in fixed.megatron.work}
     p = ctx.parallel
     dag = pipeline_dag(p.schedule, p.pp, p.num_microbatches)
     gpus_per_stage = p.tp * p.cp * p.dp
     composer = COMPOSERS.build(str(ctx.cfg.compose.name), config=ctx.typed["compose"])
     frontier = composer.compose(dag, options, float(ctx.gpu.static_power_w), gpus_per_stage, p.pp)
     ref_point = fixed_option_iteration(dag, ref_options, float(ctx.gpu.static_power_w), gpus_per_stage, p.pp)
-    return Composition(options, ref_options, frontier, dag, ref_point,
-                       sum(len(v) for v in residual.values()))
+    return Composition(options, ref_options, frontier, dag, ref_point, fixed.residual_measurements)

@@ -92,11 +92,11 @@ def _compose_and_plan(ctx: RunContext, console: Console, backend: Any, results: 
     started = backend.now()
     try:
         with Profiler(to_dataclass(ProfilerConfig, ctx.typed["profiler"]), backend, journal) as profiler:
-            residual, reference = measure_fixed_work(ctx, profiler, results)
+            fixed = measure_fixed_work(ctx, profiler, results)
     finally:
         journal.close()
     fixed_gpu_seconds = backend.now() - started
-    comp = compose(ctx, results, residual, reference)
+    comp = compose(ctx, results, fixed)
     plans = make_plans(comp.frontier, ctx.partitioning, config_hash=ctx.config_hash, hardware=ctx.hardware_label)
     selected, selection_error = None, None
     try:

@@ -1,8 +1,8 @@
 """Run outputs of the planning stage: the iteration frontier CSV, plan files, and a table beside Megatron.
 
-The Megatron reference point runs every instruction at the top clock with the comm kernels
-sequential at their default SMs; the caller measures those options (same backend as the search) and
-passes one option per (stage, direction).
+The Megatron reference point is Megatron-LM's own layout: microbatches unsplit, every comm kernel
+after its compute at the comm library's default SMs, the top clock; the caller measures it (same
+backend as the search) and passes one option per (stage, direction).
 """
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def frontier_table(plans: Sequence[ExecutionPlan], reference: Assignment | None 
                       ("time saving", "right"), ("energy saving", "right"), ("", "left")):
         table.add_column(col, justify=just)
     if reference is not None:
-        table.add_row("Megatron (sequential, top clock)", f"{reference.time_s:.4f}", f"{reference.energy_j:.1f}",
+        table.add_row("Megatron (no overlap, top clock)", f"{reference.time_s:.4f}", f"{reference.energy_j:.1f}",
                       "-", "-", "reference", style="bold")
     rows = list(plans)
     if len(rows) > max_rows:  # keep both ends, the selected plan and an even spread

@@ -1,0 +1,63 @@
+"""The composition stage on the simulated GPU: the Megatron reference is Megatron's own unsplit layout,
+and the plain top-clock schedule stays an option even when a search never measured it."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from conftest import compose_config
+from kareus.config.validate import validate
+from kareus.frontier import Frontier
+from kareus.partition import MEGATRON_PREFIX
+from kareus.pipeline.composing import compose, measure_fixed_work
+from kareus.pipeline.context import build_context
+from kareus.pipeline.searching import make_backend
+from kareus.profiler import Journal, Profiler, ProfilerConfig
+from kareus.registry import to_dataclass
+from kareus.search.base import SearchResult
+from kareus.types import SEQUENTIAL, Candidate
+
+
+@pytest.fixture(scope="module")
+def low_clock_run(tmp_path_factory):
+    """Every partition measured only at a low clock (as a search that skipped the top clock would)."""
+    run_dir = tmp_path_factory.mktemp("compose")
+    cfg = compose_config("+model=qwen1.7b", "parallel=pp2_tp8", "profiler/cooldown=none")
+    ctx = build_context(cfg, validate(cfg), run_dir)
+    low = ctx.gpu.min_mhz + 50 * ctx.gpu.step_mhz
+    journal = Journal.open(run_dir / "journal.sqlite", ctx.config_hash)
+    with Profiler(to_dataclass(ProfilerConfig, ctx.typed["profiler"]), make_backend(ctx), journal) as profiler:
+        results = []
+        for t in ctx.partitioning.types:
+            ms = profiler.evaluator(t)([Candidate(t.key, SEQUENTIAL, sms, low) for sms in (4, 8, 16)])
+            results.append(SearchResult(t.key, ms, Frontier([]), Frontier([])))
+        fixed = measure_fixed_work(ctx, profiler, results)
+    journal.close()
+    return ctx, results, fixed, low
+
+
+def test_reference_is_megatron_unsplit_layout(low_clock_run):
+    ctx, results, fixed, _ = low_clock_run
+    assert fixed.megatron_partitions and all(k.startswith(MEGATRON_PREFIX) for k in fixed.megatron_partitions)
+    assert all(m.candidate.freq_mhz == ctx.gpu.max_mhz and m.candidate.slot == SEQUENTIAL
+               for m in fixed.megatron_partitions.values())
+    comp = compose(ctx, results, fixed)
+    assert set(comp.reference_options) == set(comp.options)  # one Megatron option per instruction
+    assert all(o.freq_mhz == ctx.gpu.max_mhz for o in comp.reference_options.values())
+    # unsplit kernels: Megatron's instruction is not the nanobatched no-overlap schedule at the top clock
+    anchors = {k: [m] for k, m in fixed.anchors.items()}
+    from kareus.compose import compose_instruction
+    for w in ctx.partitioning.work:
+        plain = compose_instruction(w, anchors, fixed.residual[(w.stage, w.direction)])[0]
+        assert comp.reference_options[(w.stage, w.direction)].time_s != pytest.approx(plain.time_s, rel=1e-3)
+
+
+def test_top_clock_schedule_stays_an_option(low_clock_run):
+    ctx, results, fixed, low = low_clock_run
+    comp = compose(ctx, results, fixed)
+    for opts in comp.options.values():
+        assert {o.freq_mhz for o in opts} >= {low, ctx.gpu.max_mhz}
+    without = compose(ctx, results, dataclasses.replace(fixed, anchors={}))
+    fastest = min(p.time_s for p in comp.frontier.frontier)
+    assert fastest < min(p.time_s for p in without.frontier.frontier)  # the low clock alone is slower
