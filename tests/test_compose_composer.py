@@ -129,3 +129,19 @@ def test_missing_options_and_registry_errors_are_clear():
         pipeline_dag("zero-bubble", 2, 2)
     assert KareusComposerConfig(num_deadlines=1).problems()
     assert isinstance(SCHEDULES.build("1f1b", config={"name": "1f1b"}), Synchronous1F1B)
+
+
+@pytest.mark.parametrize("label,make", [
+    ("two options", lambda: [InstructionOption(0.010, 2.0, 1410), InstructionOption(0.012, 1.5, 1200)]),
+    ("negative dynamic energy", lambda: [InstructionOption(0.010 + 0.001 * j, -0.1 * j, 1410 - 60 * j) for j in range(4)]),
+])
+def test_perseus_exponential_falls_back_to_the_hull_where_the_fit_is_undefined(label, make):
+    """Perseus' exponential fit needs three options with positive cost; elsewhere the hull stands in
+    (and says so), and the walk gives the same frontier as cost_model=hull."""
+    dag = pipeline_dag("1f1b", 2, 2)
+    opts = {(s, d): make() for s in range(2) for d in (Direction.FWD, Direction.BWD)}
+    exp = COMPOSERS.build("perseus", config={"name": "perseus", "cost_model": "exponential"})
+    got = exp.compose(dag, opts, 85.0, 2, 2)
+    hull = COMPOSERS.build("perseus", config={"name": "perseus", "cost_model": "hull"}).compose(dag, opts, 85.0, 2, 2)
+    assert exp.hull_fallbacks == len(dag.keys)
+    assert [(p.time_s, p.energy_j) for p in got.frontier] == [(p.time_s, p.energy_j) for p in hull.frontier]

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from kareus.compose.iteration import Assignment, CostModel, IterationFrontier, Options
+from kareus.compose.microbatch import pareto_indices
 from kareus.compose.schedule import PipelineDAG
 from kareus.registry import COMPOSERS
 from kareus.types import Direction
@@ -59,6 +60,24 @@ def _hull_cost_model(cand_options):
     return HullCostModel(cand_options)
 
 
+log = logging.getLogger(__name__)
+
+
+def _exponential_or_hull(cand_options) -> tuple[Any, bool]:
+    """Perseus' exponential fit where it is defined (at least three options, all costs positive;
+    dynamic energy can fall below zero at low clocks on host-bound work), else the hull.
+    Returns the model and whether it is the exponential one."""
+    from lowtime.cost_model import ExponentialModel
+
+    opts = cand_options.options
+    if len(opts) >= 3 and all(o.cost > 0 for o in opts):
+        try:
+            return ExponentialModel(cand_options), True
+        except (RuntimeError, TypeError, ValueError) as err:  # scipy's fit gave up
+            log.debug("exponential fit failed (%s); using the hull", err)
+    return _hull_cost_model(cand_options), False
+
+
 class PerseusComposer:
     """lowtime's Phillips-Dessouky solver over the same DAG and options as ours."""
 
@@ -68,11 +87,11 @@ class PerseusComposer:
         self.config = config or PerseusComposerConfig()
         self.steps = 0
         self.stopped_early = False
+        self.hull_fallbacks = 0  # instructions whose exponential fit was undefined (cost_model=exponential)
 
     def compose(self, dag: PipelineDAG, options: Options, static_power_w: float, gpus_per_stage: int,
                 num_stages: int) -> IterationFrontier:
         import networkx as nx
-        from lowtime.cost_model import ExponentialModel
         from lowtime.graph_utils import add_sink_node, add_source_node
         from lowtime.operation import CandidateExecutionOptions, ExecutionOption, OperationSpec
         from lowtime.perseus.instruction import Backward, Forward
@@ -82,17 +101,25 @@ class PerseusComposer:
         start = time.perf_counter()
         model = CostModel(dag, options, static_power_w, gpus_per_stage, num_stages)
         specs = {}
+        self.hull_fallbacks = 0
         for key in dag.keys:
             opts = options[key]
+            # lowtime keeps options tied on time at a higher cost, which derails its walk: give it the
+            # Pareto options only (knob = index into the full list, as the cost model re-prices)
+            keep = pareto_indices([o.time_s for o in opts], [o.dynamic_energy_j for o in opts])
             cand = CandidateExecutionOptions[int](options=[
-                ExecutionOption[int](real_time=o.time_s, unit_time=self.config.unit_time_s,
-                                     cost=o.dynamic_energy_j * gpus_per_stage, knob=j)
-                for j, o in enumerate(opts)])
+                ExecutionOption[int](real_time=opts[j].time_s, unit_time=self.config.unit_time_s,
+                                     cost=opts[j].dynamic_energy_j * gpus_per_stage, knob=int(j))
+                for j in keep])
             if self.config.cost_model == "exponential":
-                cost_model = ExponentialModel(cand)
+                cost_model, fitted = _exponential_or_hull(cand)
+                self.hull_fallbacks += not fitted
             else:
                 cost_model = _hull_cost_model(cand)
             specs[key] = OperationSpec[int](options=cand, cost_model=cost_model)
+        if self.hull_fallbacks:
+            log.warning("perseus: %d of %d instructions use the hull cost model (the exponential fit needs "
+                        "3+ options with positive cost)", self.hull_fallbacks, len(dag.keys))
 
         graph = nx.DiGraph()
         ops = []
