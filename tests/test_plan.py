@@ -169,3 +169,19 @@ def test_plan_schema_is_registered_for_hydra():
     from kareus.config.store import _EXTRA
 
     assert _EXTRA[("plan", "default")] is PlanConfig
+
+
+@pytest.mark.parametrize("mutate,match", [
+    (lambda d: d["stages"][0]["instructions"][0]["microbatches"].append(0), r"repeated \[0\]"),
+    (lambda d: d["stages"][0]["instructions"][0]["microbatches"].clear(), "missing"),
+    (lambda d: d["stages"][0]["instructions"][0].update(stage=1), "inside stage 0"),
+    (lambda d: d["stages"][0]["instructions"][0].update(time_s=-0.5), "must be positive"),
+])
+def test_plans_must_cover_each_instruction_once(plans, mutate, match):
+    """An executor needs exactly one setting per instruction it runs: never two, never none."""
+    from kareus.plan import plan_from_dict, plan_to_dict
+
+    data = plan_to_dict(plans[0])  # fresh lists and dicts
+    mutate(data)
+    with pytest.raises(PlanFormatError, match=match):
+        plan_from_dict(data)

@@ -77,16 +77,36 @@ def plan_from_dict(data: Any, where: str = "plan") -> ExecutionPlan:
         raise PlanFormatError(f"{where}: schema_version {data.get('schema_version')!r} is not supported "
                               f"(expected {SCHEMA_VERSION})")
     plan = _check(ExecutionPlan, data, where)
+    if len(plan.stages) != plan.num_stages:
+        raise PlanFormatError(f"{where}: {len(plan.stages)} stages listed, num_stages is {plan.num_stages}")
     for i, st in enumerate(plan.stages):
         if st.stage != i:
             raise PlanFormatError(f"{where}.stages[{i}]: stage {st.stage} out of order")
-        for j, ins in enumerate(st.instructions):
-            if ins.direction not in ("fwd", "bwd"):
-                raise PlanFormatError(f"{where}.stages[{i}].instructions[{j}].direction: {ins.direction!r} "
-                                      "is not fwd or bwd")
-    if len(plan.stages) != plan.num_stages:
-        raise PlanFormatError(f"{where}: {len(plan.stages)} stages listed, num_stages is {plan.num_stages}")
+        _check_instructions(st, plan.num_microbatches, f"{where}.stages[{i}]")
     return plan
+
+
+def _check_instructions(st: StagePlan, num_microbatches: int, where: str) -> None:
+    """Each direction covers every microbatch exactly once, at a positive clock and time: an executor
+    must find one setting for each instruction it runs, never two."""
+    seen: dict[str, list[int]] = {"fwd": [], "bwd": []}
+    for j, ins in enumerate(st.instructions):
+        at = f"{where}.instructions[{j}]"
+        if ins.direction not in seen:
+            raise PlanFormatError(f"{at}.direction: {ins.direction!r} is not fwd or bwd")
+        if ins.stage != st.stage:
+            raise PlanFormatError(f"{at}.stage: {ins.stage} inside stage {st.stage}")
+        if ins.freq_mhz <= 0 or ins.time_s <= 0:
+            raise PlanFormatError(f"{at}: freq_mhz and time_s must be positive, got {ins.freq_mhz} and {ins.time_s}")
+        seen[ins.direction] += list(ins.microbatches)
+    for direction, mbs in seen.items():
+        if sorted(mbs) != list(range(num_microbatches)):
+            dup = sorted({m for m in mbs if mbs.count(m) > 1})
+            missing = sorted(set(range(num_microbatches)) - set(mbs))
+            raise PlanFormatError(f"{where}: {direction} microbatches must be 0..{num_microbatches - 1} once each"
+                                  + (f"; repeated {dup}" if dup else "") + (f"; missing {missing}" if missing else "")
+                                  + (f"; unknown {sorted(set(mbs) - set(range(num_microbatches)))}"
+                                     if set(mbs) - set(range(num_microbatches)) else ""))
 
 
 def save_plan(plan: ExecutionPlan, path: str | Path) -> Path:
