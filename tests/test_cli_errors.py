@@ -61,7 +61,7 @@ def test_cross_field_problems_one_line_each_nothing_written(tmp_path):
     assert error_lines(res.stderr) == [
         "error: parallel.tp: 3 does not divide model.num_attention_heads=16",
         "error: parallel.tp: 3 does not divide model.num_kv_heads=8",
-        "error: search.budget=0 must be > 0",
+        "error: search.budget: must be > 0, got 0",
     ]
     assert left_behind(tmp_path) == []
 

@@ -176,6 +176,7 @@ def test_plan_schema_is_registered_for_hydra():
     (lambda d: d["stages"][0]["instructions"][0]["microbatches"].clear(), "missing"),
     (lambda d: d["stages"][0]["instructions"][0].update(stage=1), "inside stage 0"),
     (lambda d: d["stages"][0]["instructions"][0].update(time_s=-0.5), "must be positive"),
+    (lambda d: d["stages"][0]["instructions"][0]["partitions"][0].update(sms=0), "sms must be >= 1"),
 ])
 def test_plans_must_cover_each_instruction_once(plans, mutate, match):
     """An executor needs exactly one setting per instruction it runs: never two, never none."""

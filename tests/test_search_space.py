@@ -30,8 +30,24 @@ def test_overrides_sms_list_clock_step_and_slots():
     assert {c.sms for c in space} == {3, 6, 9}
     assert sorted({c.freq_mhz for c in space}) == list(range(1200, 1411, 30))
     assert {c.slot for c in space} == {SEQUENTIAL, "s4"}
-    with pytest.raises(ValueError, match="no slot"):
+    with pytest.raises(ValueError, match="search.space.slots: partition .* has none of nope"):
         build_space(part, SYNTH_GPU, SpaceConfig(slots=["nope"]))
+
+
+def test_named_slots_narrow_each_partition_to_those_it_has():
+    """``slots=[sequential,s4]`` keeps s4 where a partition has it and sequential everywhere; a label
+    no partition has is a typo, named with the allowed labels."""
+    from dataclasses import replace
+
+    from kareus.search.space import slot_problems
+
+    full = synthetic_partition()
+    short = replace(full, key="short", slots=full.slots[:2])  # no s4
+    cfg = SpaceConfig(slots=[SEQUENTIAL, "s4"])
+    assert {c.slot for c in build_space(short, SYNTH_GPU, cfg)} == {SEQUENTIAL}
+    assert slot_problems([full, short], cfg) == []
+    [line] = slot_problems([full, short], SpaceConfig(slots=["s4", "bogus"]))
+    assert line.startswith("search.space.slots: no partition has bogus; allowed: first, ")
 
 
 def test_fixed_space_is_only_filtered_by_explicit_fields():
@@ -45,7 +61,7 @@ def test_fixed_space_is_only_filtered_by_explicit_fields():
 def test_space_problems_name_the_key():
     bad = SpaceConfig(sms=[0, 200], freq_mhz=FreqRange(step=20, min=100))
     msgs = "\n".join(space_problems(bad, SYNTH_GPU))
-    assert "search.space.sms" in msgs and "freq_mhz.step=20" in msgs and "freq_mhz.min=100" in msgs
+    assert "search.space.sms" in msgs and "freq_mhz.step: must be" in msgs and "freq_mhz.min: must be" in msgs
     assert space_problems(SpaceConfig(), SYNTH_GPU) == []
     assert clocks(SpaceConfig(freq_mhz=FreqRange(step=30)), SYNTH_GPU)[-1] == 1410
 
@@ -107,7 +123,8 @@ def test_pass_shares_fill_the_batch_and_renormalise():
 def test_config_problems():
     msgs = config_problems(MBOConfig(budget=0, budget_frac=1.5, batch_size=0, shares={"total": -1.0, "bogus": 1.0}))
     text = "\n".join(msgs)
-    for key in ("search.budget=0", "budget_frac=1.5", "batch_size=0", "bogus", "must be >= 0"):
+    for key in ("search.budget: must be > 0, got 0", "budget_frac: must be in (0, 1], got 1.5", "batch_size: must be > 0",
+                "bogus", "must be >= 0"):
         assert key in text
     assert config_problems(MBOConfig()) == []
     assert any("final_local" in m for m in config_problems(MBOConfig(final_local=1.5)))
@@ -116,7 +133,7 @@ def test_config_problems():
         gpu = SYNTH_GPU
 
     bad_space = MBOConfig(space=SpaceConfig(freq_mhz=FreqRange(step=7)))
-    assert any("freq_mhz.step=7" in m for m in bad_space.problems(Ctx()))
+    assert any("freq_mhz.step: must be" in m and m.endswith("got 7") for m in bad_space.problems(Ctx()))
 
 
 @pytest.fixture()

@@ -191,38 +191,38 @@ def _hardware_lines(got: list[str], message: str) -> list[str]:
 
 def test_hardware_comm_sms_within_the_gpu(hw):
     got = problems("hardware.max_comm_sms=200")
-    assert len(got) == 1 and _hardware_lines(got, f"hardware.max_comm_sms must be in 1..{hw.sms - 1}, got 200"), got
+    assert len(got) == 1 and _hardware_lines(got, f"hardware.max_comm_sms: must be in 1..{hw.sms - 1}, got 200"), got
 
 
 def test_hardware_clock_range(hw):
     got = problems("hardware.min_mhz=1500")
-    assert _hardware_lines(got, f"hardware clocks must satisfy 0 < min_mhz <= max_mhz, got 1500..{hw.max_mhz}"), got
+    assert _hardware_lines(got, f"hardware.min_mhz: must satisfy 0 < min_mhz <= max_mhz, got 1500..{hw.max_mhz}"), got
 
 
 def test_hardware_problems_are_reported_together():
     got = problems("hardware.sms=0", "hardware.step_mhz=0")
-    assert _hardware_lines(got, "hardware.sms must be positive, got 0"), got
-    assert _hardware_lines(got, "hardware.step_mhz must be positive, got 0"), got
+    assert _hardware_lines(got, "hardware.sms: must be > 0, got 0"), got
+    assert _hardware_lines(got, "hardware.step_mhz: must be > 0, got 0"), got
 
 
 # ---------------------------------------------------------------------------------------- search
 
 SEARCH_RULES = [
-    ("search.budget=0", "search.budget=0 must be > 0"),
-    ("search.budget_frac=1.5", "search.budget_frac=1.5 must be in (0, 1]"),
-    ("search.budget_frac=0", "search.budget_frac=0.0 must be in (0, 1]"),
-    ("search.batch_size=0", "search.batch_size=0 must be > 0"),
-    ("search.initial=0", "search.initial=0 must be > 0"),
-    ("search.passes=[]", "search.passes must name at least one pass"),
-    ("search.passes=[total,total]", "search.passes has duplicates: ['total', 'total']"),
-    ("search.shares.total=-0.1", "search.shares must be >= 0: {'total': -0.1}"),
-    ("search.surrogate.members=1", "search.surrogate.members must be >= 2 (the spread is the uncertainty)"),
-    ("search.surrogate.max_depth=13", "search.surrogate.max_depth=13 must be in 1..12"),
-    ("search.surrogate.threads=0", "search.surrogate.rounds and threads must be > 0"),
-    ("search.kappa=-1", "search.kappa, stop_gain and ref_margin must be >= 0"),
+    ("search.budget=0", "search.budget: must be > 0, got 0"),
+    ("search.budget_frac=1.5", "search.budget_frac: must be in (0, 1], got 1.5"),
+    ("search.budget_frac=0", "search.budget_frac: must be in (0, 1], got 0.0"),
+    ("search.batch_size=0", "search.batch_size: must be > 0, got 0"),
+    ("search.initial=0", "search.initial: must be > 0, got 0"),
+    ("search.passes=[]", "search.passes: must name at least one pass; allowed: total, dynamic, static, uncertainty, fastest, spread, local, coverage"),
+    ("search.passes=[total,total]", "search.passes: has duplicates, got ['total', 'total']"),
+    ("search.shares.total=-0.1", "search.shares: must be >= 0, got {'total': -0.1}"),
+    ("search.surrogate.members=1", "search.surrogate.members: must be >= 2 (the spread is the uncertainty), got 1"),
+    ("search.surrogate.max_depth=13", "search.surrogate.max_depth: must be in 1..12, got 13"),
+    ("search.surrogate.threads=0", "search.surrogate.threads: must be > 0, got 0"),
+    ("search.kappa=-1", "search.kappa: must be >= 0, got -1.0"),
     ("search.expected=[uncertainty]",
-     "search.expected: ['uncertainty'] score no hypervolume; allowed: ['total', 'dynamic', 'static', 'local']"),
-    ("search.surrogate.clip_margin=-0.5", "search.surrogate.clip_margin=-0.5 must be >= 0"),
+     "search.expected: ['uncertainty'] score no hypervolume; allowed: total, dynamic, static, local"),
+    ("search.surrogate.clip_margin=-0.5", "search.surrogate.clip_margin: must be >= 0, got -0.5"),
 ]
 
 
@@ -233,23 +233,23 @@ def test_search_rule(override, line):
 
 def test_search_shares_name_known_passes():
     assert problems("+search.shares.bogus=0.5") == [
-        "search.shares: unknown pass(es) ['bogus']; known: "
-        "['coverage', 'dynamic', 'fastest', 'local', 'spread', 'static', 'total', 'uncertainty']"]
+        "search.shares: unknown pass(es) ['bogus']; allowed: "
+        "total, dynamic, static, uncertainty, fastest, spread, local, coverage"]
 
 
 def test_search_shares_of_chosen_passes_must_not_be_all_zero():
     assert problems("search.passes=[fastest]", "search.shares.fastest=0") == [
-        "search.shares of the chosen passes sum to 0"]
+        "search.shares: the chosen passes' shares sum to 0"]
 
 
 @pytest.mark.parametrize("groups", [ALT1, ALT2], ids=["artifact", "random"])
 def test_every_searcher_checks_its_budget(groups):
-    assert problems(*groups, "search.budget=-3") == ["search.budget=-3 must be > 0"]
+    assert problems(*groups, "search.budget=-3") == ["search.budget: must be > 0, got -3"]
 
 
 def test_artifact_policy_shares():
     got = problems(*ALT1, "search.shares_total=1.0")
-    assert [p for p in got if p.startswith("search") and p.endswith("sum to <= 1 (got 1.4)")], got
+    assert [p for p in got if p.startswith("search") and p.endswith("sum to <= 1, got 1.4")], got
     assert not [p for p in got if p.startswith("search.search")], f"section named twice: {got}"
 
 
@@ -273,18 +273,18 @@ def test_space_needs_sm_counts():
 
 @pytest.mark.parametrize("step", [0, -2])
 def test_space_sm_step_must_be_positive(step):
-    assert "search.space.sms_step must be > 0" in problems(f"search.space.sms_step={step}")
+    assert f"search.space.sms_step: must be > 0, got {step}" in problems(f"search.space.sms_step={step}")
 
 
 def test_space_clock_step_on_the_gpu_grid(hw):
     assert problems("search.space.freq_mhz.step=20") == [
-        f"search.space.freq_mhz.step=20 must be a positive multiple of {hw.gpu}'s {hw.step_mhz} MHz step"]
+        f"search.space.freq_mhz.step: must be a positive multiple of {hw.gpu}'s {hw.step_mhz} MHz step, got 20"]
 
 
 @pytest.mark.parametrize("bound,value", [("min", 100), ("max", 1500)])
 def test_space_clocks_within_gpu_range(hw, bound, value):
     assert problems(f"search.space.freq_mhz.{bound}={value}") == [
-        f"search.space.freq_mhz.{bound}={value} outside {hw.gpu}'s {hw.min_mhz}..{hw.max_mhz} MHz"]
+        f"search.space.freq_mhz.{bound}: must be within {hw.gpu}'s {hw.min_mhz}..{hw.max_mhz} MHz, got {value}"]
 
 
 def test_space_clock_min_not_above_max():
@@ -293,7 +293,7 @@ def test_space_clock_min_not_above_max():
 
 
 def test_space_min_frac_in_unit_interval():
-    assert problems("search.space.freq_mhz.min_frac=0") == ["search.space.freq_mhz.min_frac=0.0 must be in (0, 1]"]
+    assert problems("search.space.freq_mhz.min_frac=0") == ["search.space.freq_mhz.min_frac: must be in (0, 1], got 0.0"]
 
 
 def test_space_needs_a_clock():
@@ -313,16 +313,16 @@ def test_space_top_clock_must_be_a_supported_clock(hw):
 # -------------------------------------------------------------------------------------- profiler
 
 PROFILER_RULES = [
-    ("profiler.target_window_s=0 profiler.min_window_s=0", "profiler.target_window_s=0.0 must be > 0"),
-    ("profiler.min_window_s=-1", "profiler.min_window_s=-1.0 must be >= 0"),
+    ("profiler.target_window_s=0 profiler.min_window_s=0", "profiler.target_window_s: must be > 0, got 0.0"),
+    ("profiler.min_window_s=-1", "profiler.min_window_s: must be >= 0, got -1.0"),
     ("profiler.min_window_s=6", "profiler.min_window_s=6.0 exceeds target_window_s=5.0"),
-    ("profiler.settle_s=-1", "profiler.settle_s=-1.0 must be >= 0"),
-    ("profiler.warmup_runs=-1", "profiler.warmup_runs=-1 must be >= 0"),
-    ("profiler.calibration_runs=0", "profiler.calibration_runs=0 must be >= 1"),
-    ("profiler.max_executions=0", "profiler.max_executions=0 must be >= 1"),
-    ("profiler.repeats=0", "profiler.repeats=0 must be >= 1"),
-    ("profiler.retries=-1", "profiler.retries=-1 must be >= 0"),
-    ("profiler.mad_threshold=0", "profiler.mad_threshold=0.0 must be > 0"),
+    ("profiler.settle_s=-1", "profiler.settle_s: must be >= 0, got -1.0"),
+    ("profiler.warmup_runs=-1", "profiler.warmup_runs: must be >= 0, got -1"),
+    ("profiler.calibration_runs=0", "profiler.calibration_runs: must be >= 1, got 0"),
+    ("profiler.max_executions=0", "profiler.max_executions: must be >= 1, got 0"),
+    ("profiler.repeats=0", "profiler.repeats: must be >= 1, got 0"),
+    ("profiler.retries=-1", "profiler.retries: must be >= 0, got -1"),
+    ("profiler.mad_threshold=0", "profiler.mad_threshold: must be > 0, got 0.0"),
 ]
 
 
@@ -332,9 +332,9 @@ def test_profiler_rule(override, line):
 
 
 @pytest.mark.parametrize("groups,override,line", [
-    ((), "profiler.cooldown.seconds=-1", "profiler.cooldown.seconds=-1.0 must be >= 0"),  # fixed
-    (ALT1, "profiler.cooldown.poll_s=0", "profiler.cooldown.poll_s=0.0 must be > 0"),  # temperature
-    (ALT2, "profiler.cooldown.delta_c=0", "profiler.cooldown.delta_c=0.0 must be > 0"),  # predictive
+    ((), "profiler.cooldown.seconds=-1", "profiler.cooldown.seconds: must be >= 0, got -1.0"),  # fixed
+    (ALT1, "profiler.cooldown.poll_s=0", "profiler.cooldown.poll_s: must be > 0, got 0.0"),  # temperature
+    (ALT2, "profiler.cooldown.delta_c=0", "profiler.cooldown.delta_c: must be > 0, got 0.0"),  # predictive
 ], ids=["fixed", "temperature", "predictive"])
 def test_cooldown_rule(groups, override, line):
     assert problems(*groups, override) == [line]
@@ -349,8 +349,8 @@ def test_frequency_controller_must_be_known():
 
 
 @pytest.mark.parametrize("overrides,line", [
-    (("plan.deadline_s=-1",), "plan.deadline_s must be positive seconds (got -1.0)"),
-    (("plan.energy_budget_j=0",), "plan.energy_budget_j must be positive joules (got 0.0)"),
+    (("plan.deadline_s=-1",), "plan.deadline_s: must be positive seconds, got -1.0"),
+    (("plan.energy_budget_j=0",), "plan.energy_budget_j: must be positive joules, got 0.0"),
     (("plan.deadline_s=2", "plan.energy_budget_j=5000"),
      "plan.deadline_s and plan.energy_budget_j are exclusive: set at most one"),
 ])
@@ -359,21 +359,21 @@ def test_plan_rule(overrides, line):
 
 
 @pytest.mark.parametrize("overrides,line", [
-    (("compose.num_deadlines=1",), "compose.num_deadlines must be at least 2 (got 1)"),  # kareus
-    (("compose.repair_passes=-1",), "compose.repair_passes must be >= 0 (got -1)"),
-    ((*ALT1, "compose.unit_time_s=0"), "compose.unit_time_s must be positive (got 0.0)"),  # perseus
-    ((*ALT1, "compose.cost_model=bogus"), "compose.cost_model must be 'hull' or 'exponential' (got 'bogus')"),
-    ((*ALT1, "compose.max_steps=-1"), "compose.max_steps must be >= 0 (got -1)"),
+    (("compose.num_deadlines=1",), "compose.num_deadlines: must be >= 2, got 1"),  # kareus
+    (("compose.repair_passes=-1",), "compose.repair_passes: must be >= 0, got -1"),
+    ((*ALT1, "compose.unit_time_s=0"), "compose.unit_time_s: must be > 0, got 0.0"),  # perseus
+    ((*ALT1, "compose.cost_model=bogus"), "compose.cost_model: invalid value 'bogus'; allowed: hull, exponential"),
+    ((*ALT1, "compose.max_steps=-1"), "compose.max_steps: must be >= 0, got -1"),
 ])
 def test_compose_rule(overrides, line):
     assert problems(*overrides) == [line]
 
 
 @pytest.mark.parametrize("overrides,line", [
-    ((*ALT1, "launcher.workers=-1"), "launcher.workers=-1 must be >= 0"),  # process
-    ((*ALT1, "launcher.start_method=bogus"), "launcher.start_method='bogus' must be spawn, forkserver or fork"),
-    ((*ALT2, "launcher.gpus_per_task=-1"), "launcher.gpus_per_task=-1.0 must be >= 0"),  # ray
-    ((*ALT2, "launcher.cpus_per_task=-1"), "launcher.cpus_per_task=-1.0 must be >= 0"),
+    ((*ALT1, "launcher.workers=-1"), "launcher.workers: must be >= 0, got -1"),  # process
+    ((*ALT1, "launcher.start_method=bogus"), "launcher.start_method: invalid value 'bogus'; allowed: spawn, forkserver, fork"),
+    ((*ALT2, "launcher.gpus_per_task=-1"), "launcher.gpus_per_task: must be >= 0, got -1.0"),  # ray
+    ((*ALT2, "launcher.cpus_per_task=-1"), "launcher.cpus_per_task: must be >= 0, got -1.0"),
 ])
 def test_launcher_rule(overrides, line):
     assert problems(*overrides) == [line]
@@ -390,11 +390,11 @@ def test_every_problem_is_reported_together(hw):
         "parallel.num_microbatches: 1 is fewer than pp=2; the 1F1B pipeline would never fill",
         "parallel.tp: 3 does not divide model.num_attention_heads=16",
         "parallel.tp: 3 does not divide model.num_kv_heads=8",
-        "search.budget=0 must be > 0",
+        "search.budget: must be > 0, got 0",
         f"search.space.sms: [500] outside 1..{hw.sms - 1} for {hw.gpu}",
-        "profiler.repeats=0 must be >= 1",
-        "plan.deadline_s must be positive seconds (got -1.0)",
-        "compose.num_deadlines must be at least 2 (got 1)",
+        "profiler.repeats: must be >= 1, got 0",
+        "plan.deadline_s: must be positive seconds, got -1.0",
+        "compose.num_deadlines: must be >= 2, got 1",
     ]
     assert sorted(got) == sorted(expected)
     assert str(ConfigError(got)).splitlines() == got

@@ -47,9 +47,9 @@ class KareusComposerConfig:
     def problems(self, ctx: Any = None) -> list[str]:
         out = []
         if self.num_deadlines < 2:
-            out.append(f"compose.num_deadlines must be at least 2 (got {self.num_deadlines})")
+            out.append(f"compose.num_deadlines: must be >= 2, got {self.num_deadlines}")
         if self.repair_passes < 0:
-            out.append(f"compose.repair_passes must be >= 0 (got {self.repair_passes})")
+            out.append(f"compose.repair_passes: must be >= 0, got {self.repair_passes}")
         return out
 
 

@@ -32,11 +32,11 @@ class PerseusComposerConfig:
     def problems(self, ctx: Any = None) -> list[str]:
         out = []
         if self.unit_time_s <= 0:
-            out.append(f"compose.unit_time_s must be positive (got {self.unit_time_s})")
+            out.append(f"compose.unit_time_s: must be > 0, got {self.unit_time_s}")
         if self.cost_model not in ("hull", "exponential"):
-            out.append(f"compose.cost_model must be 'hull' or 'exponential' (got {self.cost_model!r})")
+            out.append(f"compose.cost_model: invalid value {self.cost_model!r}; allowed: hull, exponential")
         if self.max_steps < 0:
-            out.append(f"compose.max_steps must be >= 0 (got {self.max_steps})")
+            out.append(f"compose.max_steps: must be >= 0, got {self.max_steps}")
         return out
 
 

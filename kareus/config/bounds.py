@@ -1,4 +1,4 @@
-"""The one way config classes report numbers outside their bounds: ``<prefix><name>=<value> must be ...``."""
+"""The one way config classes report numbers outside their bounds: ``<prefix><name>: must be ..., got <value>``."""
 from __future__ import annotations
 
 from typing import Any, Iterable
@@ -14,5 +14,5 @@ def out_of_bounds(cfg: Any, prefix: str = "", *, positive: Iterable[str] = (), n
     for name, ok, text in rules:
         value = getattr(cfg, name)
         if value is not None and not ok(value):
-            out.append(f"{prefix}{name}={value} must be {text}")
+            out.append(f"{prefix}{name}: must be {text}, got {value}")
     return out

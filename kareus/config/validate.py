@@ -110,6 +110,27 @@ def validate_model_parallel(model: Any, p: Any, gpus_per_node: int) -> list[str]
     return problems
 
 
+def validate_clock_control(hardware: Any, profiler: Any) -> list[str]:
+    """The frequency controller must lock the clock the backend measures at: a controller that only
+    records the clock (``sim``) leaves a real GPU boosting freely, so every reading would be filed
+    under a clock it never ran at; one that locks physical GPUs has nothing to lock on a simulated or
+    replayed backend."""
+    from kareus.profiler.config import section
+    from kareus.registry import FREQUENCY_CONTROLLERS
+
+    real = bool(getattr(hardware, "real_clock", lambda: False)())  # plugin configs may lack it
+    name = str(section(profiler.frequency).get("name", ""))
+    if name not in FREQUENCY_CONTROLLERS:
+        return []  # reported by the profiler's own rules
+    locks = bool(getattr(FREQUENCY_CONTROLLERS.get(name).factory, "locks_gpu", False))
+    if real == locks:
+        return []
+    allowed = ", ".join(e.name for e in FREQUENCY_CONTROLLERS if bool(getattr(e.factory, "locks_gpu", False)) == real)
+    why = (f"does not lock a real GPU's clock (hardware.name={hardware.name}, device=cuda)" if real
+           else f"locks a physical GPU, but hardware.name={hardware.name} measures none")
+    return [f"profiler.frequency: {name!r} {why}; allowed here: {allowed} (profiler/frequency=NAME)"]
+
+
 def _unknown_keys(prefix: str, node: Any) -> list[str]:
     """Keys a schema does not know. ``+key=value`` bypasses Hydra's struct check, so look again."""
     import dataclasses
@@ -148,6 +169,8 @@ def validate(cfg: Any) -> dict[str, Any]:
         except Exception as exc:
             problems += [ln if ln.startswith("hardware") else f"hardware: {ln}" for ln in str(exc).splitlines() if ln]
     mode = str(getattr(cfg.mode, "value", cfg.mode))
+    if isinstance(cfg.get("seed"), int) and cfg.seed < 0:
+        problems.append(f"seed: must be >= 0 (numpy and the searchers take unsigned seeds), got {cfg.seed}")
     model = cfg.get("model")
     if model is not None and _missing_keys(model):
         model = None  # its missing keys are reported above; rules over it would only repeat them
@@ -155,6 +178,8 @@ def validate(cfg: Any) -> dict[str, Any]:
     if cfg.get("model") is None and not model_free:
         problems.append("model: no model selected")
     problems += validate_model_parallel(model, cfg.parallel, gpu.gpus_per_node if gpu else 8)
+    if "hardware" in typed and "profiler" in typed:
+        problems += validate_clock_control(typed["hardware"], typed["profiler"])
     ctx = ValidationContext(gpu=gpu, parallel=cfg.parallel, model=model, mode=mode)
     for key, sec in typed.items():
         rules = getattr(sec, "problems", None)

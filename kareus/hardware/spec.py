@@ -30,19 +30,23 @@ class GPUConfig:
     # one CTA per channel): the Megatron reference point runs with it.
     default_comm_sms: int = 16
 
+    def real_clock(self) -> bool:
+        """Whether this backend runs on a physical GPU whose clock a frequency controller must lock."""
+        return False
+
     def gpu_spec(self) -> GPUSpec:
         """The GPUSpec this config describes; needs no backend (config validation calls it)."""
         problems = []
         if self.sms <= 0:
-            problems.append(f"hardware.sms must be positive, got {self.sms}")
+            problems.append(f"hardware.sms: must be > 0, got {self.sms}")
         if not 0 < self.min_mhz <= self.max_mhz:
-            problems.append(f"hardware clocks must satisfy 0 < min_mhz <= max_mhz, got {self.min_mhz}..{self.max_mhz}")
+            problems.append(f"hardware.min_mhz: must satisfy 0 < min_mhz <= max_mhz, got {self.min_mhz}..{self.max_mhz}")
         if self.step_mhz <= 0:
-            problems.append(f"hardware.step_mhz must be positive, got {self.step_mhz}")
+            problems.append(f"hardware.step_mhz: must be > 0, got {self.step_mhz}")
         if not 0 < self.max_comm_sms < max(self.sms, 2):
-            problems.append(f"hardware.max_comm_sms must be in 1..{self.sms - 1}, got {self.max_comm_sms}")
+            problems.append(f"hardware.max_comm_sms: must be in 1..{self.sms - 1}, got {self.max_comm_sms}")
         if not 0 < self.default_comm_sms <= self.max_comm_sms:
-            problems.append(f"hardware.default_comm_sms must be in 1..max_comm_sms={self.max_comm_sms}, "
+            problems.append(f"hardware.default_comm_sms: must be in 1..max_comm_sms={self.max_comm_sms}, "
                             f"got {self.default_comm_sms}")
         if problems:
             raise ValueError("\n".join(problems))  # every problem, one per line

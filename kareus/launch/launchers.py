@@ -59,7 +59,7 @@ class ProcessLauncherConfig:
     def problems(self, ctx: Any = None) -> list[str]:
         out = out_of_bounds(self, nonnegative=("workers",))
         if self.start_method not in ("spawn", "forkserver", "fork"):
-            out.append(f"start_method={self.start_method!r} must be spawn, forkserver or fork")
+            out.append(f"start_method: invalid value {self.start_method!r}; allowed: spawn, forkserver, fork")
         return out
 
 

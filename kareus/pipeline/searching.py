@@ -19,8 +19,18 @@ def partition_types(ctx: RunContext, backend: Any) -> list[PartitionType]:
 
 
 def space_sizes(ctx: RunContext, backend: Any, partitions: Sequence[PartitionType]) -> dict[str, int]:
+    """Each partition's space size; a ``search.space`` that leaves one empty is a config error (exit 2)."""
+    from kareus.errors import KareusError
+    from kareus.search.space import slot_problems
+
     space_cfg = ctx.typed["search"].space
-    return {p.key: len(build_space(p, ctx.gpu, space_cfg, fixed=backend.space(p))) for p in partitions}
+    problems = slot_problems(partitions, space_cfg)
+    if problems:
+        raise KareusError(problems[0])
+    try:
+        return {p.key: len(build_space(p, ctx.gpu, space_cfg, fixed=backend.space(p))) for p in partitions}
+    except ValueError as err:
+        raise KareusError(str(err)) from None
 
 
 def make_backend(ctx: RunContext) -> Any:

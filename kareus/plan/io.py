@@ -98,6 +98,9 @@ def _check_instructions(st: StagePlan, num_microbatches: int, where: str) -> Non
             raise PlanFormatError(f"{at}.stage: {ins.stage} inside stage {st.stage}")
         if ins.freq_mhz <= 0 or ins.time_s <= 0:
             raise PlanFormatError(f"{at}: freq_mhz and time_s must be positive, got {ins.freq_mhz} and {ins.time_s}")
+        for k, ps in enumerate(ins.partitions):
+            if ps.sms < 1 or ps.count < 0:
+                raise PlanFormatError(f"{at}.partitions[{k}]: sms must be >= 1 and count >= 0, got {ps.sms} and {ps.count}")
         seen[ins.direction] += list(ins.microbatches)
     for direction, mbs in seen.items():
         if sorted(mbs) != list(range(num_microbatches)):

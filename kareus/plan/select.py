@@ -29,9 +29,9 @@ class PlanConfig:
         if self.deadline_s is not None and self.energy_budget_j is not None:
             out.append("plan.deadline_s and plan.energy_budget_j are exclusive: set at most one")
         if self.deadline_s is not None and not self.deadline_s > 0:
-            out.append(f"plan.deadline_s must be positive seconds (got {self.deadline_s})")
+            out.append(f"plan.deadline_s: must be positive seconds, got {self.deadline_s}")
         if self.energy_budget_j is not None and not self.energy_budget_j > 0:
-            out.append(f"plan.energy_budget_j must be positive joules (got {self.energy_budget_j})")
+            out.append(f"plan.energy_budget_j: must be positive joules, got {self.energy_budget_j}")
         return out
 
 

@@ -182,53 +182,61 @@ def initial_size(cfg: SearcherConfig, budget: int) -> int:
 
 
 def config_problems(cfg: SearcherConfig) -> list[str]:
-    """Cross-field problems of a searcher config (the space's GPU checks live in space_problems)."""
+    """Cross-field problems of a searcher config (the space's GPU checks live in space_problems),
+    one ``search.<key>: ...`` line each."""
     out: list[str] = []
     if cfg.budget is not None and cfg.budget <= 0:
-        out.append(f"search.budget={cfg.budget} must be > 0")
+        out.append(f"search.budget: must be > 0, got {cfg.budget}")
     if cfg.budget_frac is not None and not 0 < cfg.budget_frac <= 1:
-        out.append(f"search.budget_frac={cfg.budget_frac} must be in (0, 1]")
-    if cfg.batch_size <= 0:
-        out.append(f"search.batch_size={cfg.batch_size} must be > 0")
-    if cfg.min_rounds <= 0:
-        out.append(f"search.min_rounds={cfg.min_rounds} must be > 0")
-    if cfg.initial is not None and cfg.initial <= 0:
-        out.append(f"search.initial={cfg.initial} must be > 0")
+        out.append(f"search.budget_frac: must be in (0, 1], got {cfg.budget_frac}")
+    for key in ("batch_size", "min_rounds", "initial"):
+        value = getattr(cfg, key)
+        if value is not None and value <= 0:
+            out.append(f"search.{key}: must be > 0, got {value}")
     if isinstance(cfg, MBOConfig):
-        if not cfg.passes:
-            out.append("search.passes must name at least one pass")
-        if len(set(cfg.passes)) != len(cfg.passes):
-            out.append(f"search.passes has duplicates: {[p.value for p in cfg.passes]}")
-        valid = {p.value for p in PassName}
-        unknown = [k for k in cfg.shares if k not in valid]
-        if unknown:
-            out.append(f"search.shares: unknown pass(es) {unknown}; known: {sorted(valid)}")
-        neg = {k: v for k, v in cfg.shares.items() if v < 0}
-        if neg:
-            out.append(f"search.shares must be >= 0: {neg}")
-        if cfg.passes and sum(cfg.shares.get(p.value, 0.0) for p in cfg.passes) <= 0:
-            out.append("search.shares of the chosen passes sum to 0")
-        s = cfg.surrogate
-        if s.members < 2:
-            out.append("search.surrogate.members must be >= 2 (the spread is the uncertainty)")
-        if not 1 <= s.max_depth <= 12:
-            out.append(f"search.surrogate.max_depth={s.max_depth} must be in 1..12")
-        if s.rounds <= 0 or s.threads <= 0:
-            out.append("search.surrogate.rounds and threads must be > 0")
-        for key, chosen in (("expected", cfg.expected), ("per_clock", cfg.per_clock)):
-            bad = [p.value for p in chosen if p.value not in HVI_PASSES]
-            if bad:
-                out.append(f"search.{key}: {bad} score no hypervolume; allowed: {list(HVI_PASSES)}")
-        if s.clip_margin < 0:
-            out.append(f"search.surrogate.clip_margin={s.clip_margin} must be >= 0")
-        if not 0 <= cfg.final_local <= 1:
-            out.append(f"search.final_local={cfg.final_local} must be in [0, 1]")
-        if cfg.kappa < 0 or cfg.stop_gain < 0 or cfg.ref_margin < 0:
-            out.append("search.kappa, stop_gain and ref_margin must be >= 0")
+        out += _mbo_problems(cfg)
     if isinstance(cfg, ArtifactConfig):
-        tot = cfg.shares_total + cfg.shares_dynamic + cfg.shares_fastest
-        if tot > 1 or min(cfg.shares_total, cfg.shares_dynamic, cfg.shares_fastest) < 0:
-            out.append(f"search.shares_total/shares_dynamic/shares_fastest must be >= 0 and sum to <= 1 (got {tot})")
+        shares = {k: getattr(cfg, k) for k in ("shares_total", "shares_dynamic", "shares_fastest")}
+        if sum(shares.values()) > 1 or min(shares.values()) < 0:
+            out.append(f"search.shares_total/shares_dynamic/shares_fastest: must be >= 0 and sum to <= 1, "
+                       f"got {sum(shares.values())}")
+    return out
+
+
+def _mbo_problems(cfg: MBOConfig) -> list[str]:
+    out: list[str] = []
+    valid = [p.value for p in PassName]
+    if not cfg.passes:
+        out.append(f"search.passes: must name at least one pass; allowed: {', '.join(valid)}")
+    if len(set(cfg.passes)) != len(cfg.passes):
+        out.append(f"search.passes: has duplicates, got {[p.value for p in cfg.passes]}")
+    unknown = [k for k in cfg.shares if k not in valid]
+    if unknown:
+        out.append(f"search.shares: unknown pass(es) {unknown}; allowed: {', '.join(valid)}")
+    neg = {k: v for k, v in cfg.shares.items() if v < 0}
+    if neg:
+        out.append(f"search.shares: must be >= 0, got {neg}")
+    if cfg.passes and sum(cfg.shares.get(p.value, 0.0) for p in cfg.passes) <= 0:
+        out.append("search.shares: the chosen passes' shares sum to 0")
+    s = cfg.surrogate
+    if s.members < 2:
+        out.append(f"search.surrogate.members: must be >= 2 (the spread is the uncertainty), got {s.members}")
+    if not 1 <= s.max_depth <= 12:
+        out.append(f"search.surrogate.max_depth: must be in 1..12, got {s.max_depth}")
+    for key in ("rounds", "threads"):
+        if getattr(s, key) <= 0:
+            out.append(f"search.surrogate.{key}: must be > 0, got {getattr(s, key)}")
+    if s.clip_margin < 0:
+        out.append(f"search.surrogate.clip_margin: must be >= 0, got {s.clip_margin}")
+    for key, chosen in (("expected", cfg.expected), ("per_clock", cfg.per_clock)):
+        bad = [p.value for p in chosen if p.value not in HVI_PASSES]
+        if bad:
+            out.append(f"search.{key}: {bad} score no hypervolume; allowed: {', '.join(HVI_PASSES)}")
+    if not 0 <= cfg.final_local <= 1:
+        out.append(f"search.final_local: must be in [0, 1], got {cfg.final_local}")
+    for key in ("kappa", "stop_gain", "ref_margin"):
+        if getattr(cfg, key) < 0:
+            out.append(f"search.{key}: must be >= 0, got {getattr(cfg, key)}")
     return out
 
 

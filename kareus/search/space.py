@@ -74,7 +74,7 @@ def space_problems(space: SpaceConfig, gpu: GPUSpec) -> list[str]:
     """Cross-field problems of a space against a GPU (validate() collects these through the searcher config)."""
     out: list[str] = []
     if space.sms_step is not None and space.sms_step <= 0:
-        out.append("search.space.sms_step must be > 0")
+        out.append(f"search.space.sms_step: must be > 0, got {space.sms_step}")
     else:
         sms = sm_counts(space, gpu)
         if not sms:
@@ -84,18 +84,18 @@ def space_problems(space: SpaceConfig, gpu: GPUSpec) -> list[str]:
             out.append(f"search.space.sms: {bad} outside 1..{gpu.sms - 1} for {gpu.name}")
     fr = space.freq_mhz
     if fr.step is not None and (fr.step <= 0 or fr.step % gpu.step_mhz):
-        out.append(f"search.space.freq_mhz.step={fr.step} must be a positive multiple of {gpu.name}'s "
-                   f"{gpu.step_mhz} MHz step")
+        out.append(f"search.space.freq_mhz.step: must be a positive multiple of {gpu.name}'s {gpu.step_mhz} MHz step, "
+                   f"got {fr.step}")
     for name, v in (("min", fr.min), ("max", fr.max)):
         if v is not None and not gpu.min_mhz <= v <= gpu.max_mhz:
-            out.append(f"search.space.freq_mhz.{name}={v} outside {gpu.name}'s {gpu.min_mhz}..{gpu.max_mhz} MHz")
+            out.append(f"search.space.freq_mhz.{name}: must be within {gpu.name}'s {gpu.min_mhz}..{gpu.max_mhz} MHz, got {v}")
     if fr.max is not None and gpu.min_mhz <= fr.max <= gpu.max_mhz and not gpu.supports_clock(fr.max):
-        out.append(f"search.space.freq_mhz.max={fr.max} is not a supported clock of {gpu.name} "
+        out.append(f"search.space.freq_mhz.max: {fr.max} is not a supported clock of {gpu.name} "
                    f"({gpu.max_mhz} MHz down in {gpu.step_mhz} MHz steps)")
     if fr.min is not None and fr.max is not None and fr.min > fr.max:
         out.append(f"search.space.freq_mhz: min {fr.min} > max {fr.max}")
     if not 0 < fr.min_frac <= 1:
-        out.append(f"search.space.freq_mhz.min_frac={fr.min_frac} must be in (0, 1]")
+        out.append(f"search.space.freq_mhz.min_frac: must be in (0, 1], got {fr.min_frac}")
     if not out and not clocks(space, gpu):
         out.append("search.space.freq_mhz: no clock in range")
     return out
@@ -111,17 +111,29 @@ def resolve_slot_alias(partition: PartitionType, label: str) -> str:
     return partition.slots[0].label if partition.slots else SEQUENTIAL
 
 
+def slot_problems(partitions: Sequence[PartitionType], space: SpaceConfig) -> list[str]:
+    """Slot labels in ``search.space.slots`` that no partition has (a typo, not a narrowing)."""
+    if space.slots is None:
+        return []
+    known = {resolve_slot_alias(p, s) for p in partitions for s in (*p.slot_labels, FIRST_SLOT)}
+    unknown = [s for s in space.slots if s != FIRST_SLOT and s not in known]
+    if not unknown:
+        return []
+    labels = sorted({s for p in partitions for s in p.slot_labels})
+    return [f"search.space.slots: no partition has {', '.join(unknown)}; allowed: first, {', '.join(labels)}"]
+
+
 def build_space(partition: PartitionType, gpu: GPUSpec, space: SpaceConfig,
                 fixed: list[Candidate] | None = None) -> list[Candidate]:
     """All candidates of one partition, sorted. With ``fixed`` (a backend's exact space, e.g. replay)
     only the explicitly set fields of ``space`` filter it; defaults do not thin a recorded table."""
     labels = list(partition.slot_labels)
-    if space.slots is not None:
-        wanted = [resolve_slot_alias(partition, s) for s in space.slots]
-        unknown = [s for s in wanted if s not in labels]
-        if unknown:
-            raise ValueError(f"partition {partition.key!r} has no slot(s) {unknown}; slots: {', '.join(labels)}")
-        labels = [s for s in labels if s in set(wanted)]
+    if space.slots is not None:  # each partition keeps those of the named slots it has
+        wanted = {resolve_slot_alias(partition, s) for s in space.slots}
+        if not wanted & set(labels):
+            raise ValueError(f"search.space.slots: partition {partition.key!r} has none of "
+                             f"{', '.join(sorted(wanted))}; its slots: {', '.join(labels)}")
+        labels = [s for s in labels if s in wanted]
     if fixed is not None:
         keep_slots = set(labels)
         fr = space.freq_mhz
