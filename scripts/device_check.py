@@ -9,7 +9,8 @@ Checks, each reported with its numbers:
 - overlap: a compute-bound GEMM chain beside a memory-bound copy on 32 persistent blocks (the
   stand-in for a comm kernel on one GPU) runs faster with the copy on a side stream than sequentially;
 - nccl: a one-rank NCCL group per comm SM count (CTA options) and a partition with a real NCCL
-  all-reduce on the side stream (a one-rank all-reduce: plumbing, not bandwidth);
+  all-reduce on the side stream (a one-rank all-reduce of a TP 2 op: plumbing, not bandwidth, so the
+  comm backend's world-size check is switched off); the groups are destroyed by ``close``;
 - zeus: a ZeusMonitor window reads energy > 0 for the same partition (skipped without zeus);
 - clocks_untouched: the GPU's application/locked clock state is the same before and after.
 
@@ -75,6 +76,7 @@ def check_nvml(index: int) -> dict[str, Any]:
 
 
 def _clock_state(index: int) -> dict[str, Any]:
+    """Read-only: the clock and power-limit settings that must be the same after the checks."""
     import pynvml
 
     pynvml.nvmlInit()
@@ -161,16 +163,17 @@ def check_nccl(backend_cls: Any, cfg_cls: Any, parts: dict[str, Any], window_s: 
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
     try:
-        comm = NCCLBackend(NCCLConfig())
+        comm = NCCLBackend(NCCLConfig(check_group_size=False))  # one rank runs the TP 2 op: plumbing only
         opts = nccl_options(8, NCCLConfig())
         b = backend_cls(cfg_cls(device="cuda", comm="nccl", energy="nvml"), comm=comm)
         rows = []
         for sms in (4, 16):
             r = b.measure(parts["fwd_attn"], Candidate("fwd_attn", "attn_0", sms, b.clock()), window_s)
             rows.append({"sms": sms, "time_ms": round(r.time_s * 1e3, 4), "ok": r.ok, "error": r.error})
+        groups = sorted(comm._groups)
         b.close()
-        return {"ok": all(r["ok"] for r in rows) and len(comm._groups) == 2,
-                "per_communicator_ctas": opts is not None, "groups": sorted(comm._groups), "rows": rows}
+        return {"ok": all(r["ok"] for r in rows) and len(groups) == 2 and not comm._groups,
+                "per_communicator_ctas": opts is not None, "groups": groups, "rows": rows}
     finally:
         dist.destroy_process_group()
 
@@ -208,10 +211,11 @@ def main() -> int:
     if not cpu:
         summary["gpu"] = torch.cuda.get_device_name(0)
         summary["gpu_count"] = torch.cuda.device_count()
-    index = nvml_index(0)
     before = None
     power_limit, idle_w = 1000.0, 25.0
     if not cpu:
+        index = nvml_index(0)  # the NVML index of cuda:0, matched by UUID
+        summary["nvml_index"] = index
         _check(checks, "nvml", lambda: check_nvml(index))
         power_limit = float(checks["nvml"].get("power_limit_w") or power_limit)
         idle_w = float(checks["nvml"].get("power_w") or idle_w)  # read before any kernel ran

@@ -114,6 +114,47 @@ def test_listener_factories_run_inside_the_worker(tmp_path):
     assert kinds[0] == "SearchStarted" and kinds[-1] == "SearchFinished" and kinds.count("CandidateMeasured") == 10
 
 
+def test_the_backend_is_closed_after_the_search_even_when_it_fails(tmp_path, monkeypatch):
+    from kareus.registry import HARDWARE, SEARCHERS
+
+    closed = []
+    build = HARDWARE.build
+
+    def closing_build(name, **kw):
+        backend = build(name, **kw)
+        backend.close = lambda: closed.append(name)
+        return backend
+
+    monkeypatch.setattr(HARDWARE, "build", closing_build)
+    (task,) = sim_tasks(tmp_path / "j.sqlite", seeds=(2,))
+    run_search_task(task)
+    assert closed == ["sim"]
+
+    def broken(*a, **kw):
+        raise RuntimeError("searcher died")
+
+    monkeypatch.setattr(SEARCHERS, "build", broken)
+    with pytest.raises(RuntimeError, match="searcher died"):
+        run_search_task(task)
+    assert closed == ["sim", "sim"]
+
+
+def test_a_missing_process_group_stops_a_real_gpu_search_at_once(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    import torch.distributed as dist
+
+    from kareus.errors import KareusError
+
+    if dist.is_initialized():
+        pytest.skip("a process group already exists in this process")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    (task,) = sim_tasks(tmp_path / "j.sqlite", seeds=(2,))
+    task.hardware = {"name": "cuda", "device": "cpu", "comm": "gloo", "energy": "none"}
+    with pytest.raises(KareusError, match="torch.distributed process group"):
+        run_search_task(task)
+    assert _rows(str(tmp_path / "j.sqlite")) == 0  # no candidate recorded as a crash
+
+
 class Recorder:
     seen: list = []
 

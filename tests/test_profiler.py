@@ -172,6 +172,24 @@ def test_crash_is_failed_and_search_goes_on(tmp_path):
     assert journal.count() == 2
 
 
+def test_a_configuration_error_stops_the_search_instead_of_failing_each_candidate(tmp_path):
+    from kareus.errors import KareusError
+
+    prof, be, journal, _ = make(tmp_path)
+
+    def no_group(*a):
+        raise KareusError("hardware.comm=nccl needs a torch.distributed process group")
+
+    be.run_once = no_group
+    with pytest.raises(KareusError, match="process group"):
+        prof.evaluator(PART)([cand(sms=2), cand(sms=4)], None)
+    be.run_once = FakeBackend().run_once
+    be.measure = no_group  # raised from a window: not a crash record either
+    with pytest.raises(KareusError):
+        prof.measure(PART, cand(sms=6))
+    assert journal.count() == 0
+
+
 def test_mad_outlier_flagged_and_excluded(tmp_path):
     prof, be, _, _ = make(tmp_path, repeats=5)
     c = cand()
@@ -292,9 +310,7 @@ def test_nvml_controller_locks_group_and_always_resets(monkeypatch):
                      ("reset", "h3"), "shutdown"]
 
 
-def test_zeus_controller_locks_and_resets(monkeypatch):
-    calls = []
-
+def _fake_zeus(monkeypatch, calls: list) -> None:
     class GPU:
         def __init__(self, i):
             self.i = i
@@ -316,9 +332,153 @@ def test_zeus_controller_locks_and_resets(monkeypatch):
     device.get_gpus = GPUs
     monkeypatch.setitem(sys.modules, "zeus", zeus)
     monkeypatch.setitem(sys.modules, "zeus.device", device)
-    with FREQUENCY_CONTROLLERS.build("zeus", None, config={}) as ctl:
+    monkeypatch.setattr("kareus.runtime.telemetry._torch_cuda", lambda: None)  # as without a CUDA torch
+
+
+def test_zeus_controller_locks_and_resets(monkeypatch):
+    calls = []
+    _fake_zeus(monkeypatch, calls)
+    with FREQUENCY_CONTROLLERS.build("zeus", None, config={"devices": [0, 1]}) as ctl:
         ctl.set(1200)
     assert calls == [("lock", 0, 1200, 1200), ("lock", 1, 1200, 1200), ("reset", 0), ("reset", 1)]
+
+
+def test_zeus_controller_locks_only_this_ranks_gpu_by_default(monkeypatch):
+    calls = []
+    _fake_zeus(monkeypatch, calls)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("LOCAL_RANK", "1")  # torchrun's second rank on this node
+    with FREQUENCY_CONTROLLERS.build("zeus", None, config={}) as ctl:
+        ctl.set(1200)
+    assert calls == [("lock", 1, 1200, 1200), ("reset", 1)]
+
+
+# -- which GPU a controller locks: this process's own, matched to NVML by UUID ---------------------------
+UUIDS = {i: f"5f2a9c1e-0000-0000-0000-00000000000{i}" for i in range(8)}
+
+
+def _fake_nvml(monkeypatch, calls: list) -> types.ModuleType:
+    """pynvml whose NVML order differs from CUDA's: NVML index i holds the GPU with UUID ``UUIDS[7 - i]``."""
+    fake = types.ModuleType("pynvml")
+    fake.nvmlInit = lambda: calls.append("init")
+    fake.nvmlShutdown = lambda: calls.append("shutdown")
+    fake.nvmlDeviceGetHandleByIndex = lambda i: f"nvml{i}"
+    fake.nvmlDeviceGetHandleByUUID = lambda u: f"nvml{7 - int(u[-1])}" if u.startswith("GPU-") else "bad-uuid"
+    fake.nvmlDeviceGetIndex = lambda h: int(h[4:])
+    fake.nvmlDeviceSetGpuLockedClocks = lambda h, lo, hi: calls.append(("lock", h, lo))
+    fake.nvmlDeviceResetGpuLockedClocks = lambda h: calls.append(("reset", h))
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    return fake
+
+
+class FakeCuda:
+    """torch.cuda of a CUDA build: ``current`` is the device set (None: CUDA not initialised yet)."""
+
+    def __init__(self, current: int | None) -> None:
+        self.current = current
+
+    def is_initialized(self) -> bool:
+        return self.current is not None
+
+    def current_device(self) -> int:
+        return self.current
+
+    def get_device_properties(self, i: int):
+        return types.SimpleNamespace(uuid=UUIDS[i])  # torch prints the UUID without NVML's "GPU-"
+
+
+def _locked(monkeypatch, cuda, env: dict, config: dict | None = None) -> list:
+    calls: list = []
+    _fake_nvml(monkeypatch, calls)
+    monkeypatch.setattr("kareus.runtime.telemetry._torch_cuda", lambda: cuda)
+    for key in ("CUDA_VISIBLE_DEVICES", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    ctl = FREQUENCY_CONTROLLERS.build("nvml", None, config=config or {})
+    ctl.set(1005)
+    ctl.__exit__(None, None, None)
+    return [c[1] for c in calls if isinstance(c, tuple) and c[0] == "lock"]
+
+
+def test_nvml_controller_locks_the_gpu_of_local_rank_before_cuda_starts(monkeypatch):
+    # torchrun rank 3, no CUDA_VISIBLE_DEVICES, torch has not touched CUDA: LOCAL_RANK's GPU by its UUID
+    assert _locked(monkeypatch, FakeCuda(None), {"LOCAL_RANK": "3"}) == ["nvml4"]
+
+
+def test_nvml_controller_locks_the_current_device_only(monkeypatch):
+    # every rank sees four GPUs; rank 3 set its device: only that one is locked, not all four
+    assert _locked(monkeypatch, FakeCuda(3), {"CUDA_VISIBLE_DEVICES": "0,1,2,3", "LOCAL_RANK": "3"}) == ["nvml4"]
+
+
+def test_nvml_controller_without_torch_reads_uuids_and_indices_from_the_environment(monkeypatch):
+    env = {"CUDA_VISIBLE_DEVICES": f"GPU-{UUIDS[6]},GPU-{UUIDS[2]}", "LOCAL_RANK": "1"}
+    assert _locked(monkeypatch, None, env) == ["nvml5"]
+    assert _locked(monkeypatch, None, {"CUDA_VISIBLE_DEVICES": "4,5", "LOCAL_RANK": "1"}) == ["nvml5"]
+    assert _locked(monkeypatch, FakeCuda(0), {}, {"devices": [2, 3]}) == ["nvml2", "nvml3"]  # configured: as given
+
+
+def test_energy_telemetry_reads_the_gpu_the_controller_locks(monkeypatch):
+    from kareus.runtime.telemetry import nvml_index
+
+    assert _locked(monkeypatch, FakeCuda(2), {"LOCAL_RANK": "2"}) == ["nvml5"]
+    assert nvml_index(2) == 5  # the backend's NVMLDevice (energy, temperature, clock) opens the same GPU
+    assert nvml_index(2, override=1) == 1
+
+
+# -- SIGTERM while clocks are locked ---------------------------------------------------------------------
+def test_controller_turns_sigterm_into_exit_while_locked_and_restores_the_handler(monkeypatch):
+    import signal
+
+    calls = []
+    _fake_nvml(monkeypatch, calls)
+    mine = lambda signum, frame: None  # noqa: E731
+    previous = signal.signal(signal.SIGTERM, mine)
+    try:
+        ctl = FREQUENCY_CONTROLLERS.build("nvml", None, config={"devices": [0]})
+        assert signal.getsignal(signal.SIGTERM) is mine  # nothing locked yet: untouched
+        ctl.set(1005)
+        handler = signal.getsignal(signal.SIGTERM)
+        assert handler is not mine
+        with pytest.raises(SystemExit) as exit_info:
+            handler(signal.SIGTERM, None)
+        assert exit_info.value.code == 128 + signal.SIGTERM
+        ctl.__exit__(None, None, None)
+        assert signal.getsignal(signal.SIGTERM) is mine and ("reset", "nvml0") in calls
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+SIGTERM_SCRIPT = """
+import os, signal, sys, time, types
+calls = []
+fake = types.ModuleType("pynvml")
+fake.nvmlInit = lambda: None
+fake.nvmlShutdown = lambda: calls.append("shutdown")
+fake.nvmlDeviceGetHandleByIndex = lambda i: f"h{i}"
+fake.nvmlDeviceSetGpuLockedClocks = lambda h, lo, hi: calls.append(f"lock:{h}:{lo}")
+fake.nvmlDeviceResetGpuLockedClocks = lambda h: calls.append(f"reset:{h}")
+sys.modules["pynvml"] = fake
+import kareus.profiler
+from kareus.registry import FREQUENCY_CONTROLLERS
+try:
+    with FREQUENCY_CONTROLLERS.build("nvml", None, config={"devices": [1]}) as ctl:
+        ctl.set(1005)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)
+finally:
+    print(",".join(calls), flush=True)
+"""
+
+
+def test_sigterm_to_a_process_with_locked_clocks_resets_them():
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", SIGTERM_SCRIPT], cwd=root, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 128 + 15, out.stderr
+    assert out.stdout.strip() == "lock:h1:1005,reset:h1,shutdown"
 
 
 # -- config ----------------------------------------------------------------------------------------

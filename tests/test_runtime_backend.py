@@ -260,3 +260,132 @@ def test_device_check_dry_run_on_cpu_writes_its_summary(tmp_path, monkeypatch, c
     assert {"partitions", "overlap"} <= set(summary["checks"])
     assert summary["checks"]["partitions"]["backend"].startswith("cpu:")  # the thermal anchors' key
     assert json.loads(capsys.readouterr().out)["checks"]["partitions"]["ok"]
+
+
+# -- the clock NVML reads during a window against the locked one -------------------------------------------
+class _FakeNVML:
+    """NVML telemetry of a GPU whose SM clock the test sets."""
+
+    def __init__(self, mhz: float) -> None:
+        self.mhz = mhz
+        self.closed = False
+
+    def sm_clock_mhz(self) -> float:
+        return float(self.mhz)
+
+    def temperature_c(self) -> float:
+        return 50.0
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _metered(mhz: float) -> CudaBackend:
+    b = CudaBackend(CudaConfig(device="cpu", comm="copy", warmup=0))
+    b.energy, b.nvml = _Meter(), _FakeNVML(mhz)
+    return b
+
+
+def test_a_window_above_the_locked_clock_is_a_failed_read_and_throttling_stands():
+    p = _partition()
+    b = _metered(1200)
+    top = Candidate(p.key, "attn_0", 8, b.gpu.max_mhz)
+    assert b.measure(p, top, 0.0).ok  # nothing locked (device_check): the GPU boosts as it likes
+    b.set_clock(1005)  # a frequency controller locked 1005 MHz, yet NVML reads 1200: the lock did not hold
+    c = Candidate(p.key, "attn_0", 8, 1005)
+    r = b.measure(p, c, 0.0)
+    assert not r.ok and r.freq_mhz == 1200 and "clock: NVML read 1200 MHz during the window, above the 1005" in r.error
+    b.nvml.mhz = 1020  # one 15 MHz step above: accepted
+    assert b.measure(p, c, 0.0).ok
+    b.nvml.mhz = 1035
+    assert not b.measure(p, c, 0.0).ok
+    b.nvml.mhz = 900  # throttled below the lock (power cap): what training at this lock meets too
+    r = b.measure(p, c, 0.0)
+    assert r.ok and r.freq_mhz == 900
+    b.nvml.mhz = 1200
+    b.release_clock()  # the controller reset the clocks: nothing to compare with
+    assert b.measure(p, c, 0.0).ok
+
+
+def test_the_profiler_retries_then_fails_a_candidate_measured_off_its_clock():
+    from kareus.profiler import Profiler, ProfilerConfig
+
+    p = _partition()
+    b = _metered(1200)
+    cfg = ProfilerConfig(target_window_s=0.01, min_window_s=0.0, settle_s=0, warmup_runs=0, calibration_runs=1,
+                         retries=1, cooldown={"name": "none"}, frequency={"name": "sim"})
+    m = Profiler(cfg, b).measure(p, Candidate(p.key, "attn_0", 8, 1005))
+    assert m.failed and m.flags[0].startswith("read failed after 2 tries: clock: NVML read 1200 MHz")
+    ok = Profiler(cfg, b).measure(p, Candidate(p.key, "attn_0", 8, 1200))
+    assert not ok.failed and ok.freq_mhz == 1200
+
+
+def test_a_real_controller_releases_the_clock_check_when_it_resets(monkeypatch):
+    import sys
+    import types
+
+    from kareus.registry import FREQUENCY_CONTROLLERS
+
+    fake = types.ModuleType("pynvml")
+    for fn in ("nvmlInit", "nvmlShutdown", "nvmlDeviceSetGpuLockedClocks", "nvmlDeviceResetGpuLockedClocks"):
+        setattr(fake, fn, lambda *a: None)
+    fake.nvmlDeviceGetHandleByIndex = lambda i: f"h{i}"
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    b = _metered(1410)
+    with FREQUENCY_CONTROLLERS.build("nvml", b, config={"devices": [0]}) as ctl:
+        ctl.set(1005)
+        assert b.clock() == 1005 and b._clock_problem(1410.0)
+    assert not b._clock_problem(1410.0)
+
+
+# -- process groups: started or refused at backend start, the comm's own groups destroyed on close ----------
+def test_a_dist_comm_without_a_process_group_is_refused_when_the_backend_starts(monkeypatch):
+    import torch.distributed as dist
+
+    from kareus.errors import KareusError
+    from kareus.runtime.comm import CommSetupError
+
+    if dist.is_initialized():
+        pytest.skip("a process group already exists in this process")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(CommSetupError, match="torchrun --nproc-per-node") as err:
+        CudaBackend(CudaConfig(device="cpu", comm="gloo"))
+    assert isinstance(err.value, KareusError)  # the CLI prints it as one line and stops
+    with pytest.raises(CommSetupError, match="nccl"):
+        CudaBackend(CudaConfig(device="cpu", comm="nccl"))
+
+
+def test_close_destroys_the_comm_groups_the_backend_created(monkeypatch):
+    import torch.distributed as dist
+
+    from kareus.runtime.comm import GlooBackend, GlooConfig, NCCLBackend, NCCLConfig
+
+    destroyed = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "destroy_process_group", lambda group=None: destroyed.append(group))
+    b = CudaBackend(CudaConfig(device="cpu"), comm=Recorder())
+    nvml = b.nvml = _FakeNVML(1410)
+    nccl = NCCLBackend(NCCLConfig())
+    nccl._groups = {4: "pg4", 16: "pg16"}  # one communicator per comm SM count
+    b.comm = nccl
+    b.close()
+    assert destroyed == ["pg4", "pg16"] and nccl._groups == {} and nvml.closed
+    b.close()
+    assert destroyed == ["pg4", "pg16"]  # nothing twice
+    gloo = GlooBackend(GlooConfig())
+    gloo._group, gloo._owned = "world", False  # the default group: not the backend's to destroy
+    gloo.close()
+    gloo._group, gloo._owned = "side", True
+    gloo.close()
+    assert destroyed == ["pg4", "pg16", "side"]
+
+
+def test_config_validation_asks_for_a_controller_that_locks_a_real_gpu():
+    from kareus.config.validate import validate_clock_control
+    from kareus.profiler import ProfilerConfig
+
+    sim, nvml = ProfilerConfig(frequency={"name": "sim"}), ProfilerConfig(frequency={"name": "nvml"})
+    assert "does not lock a real GPU's clock" in validate_clock_control(CudaConfig(), sim)[0]
+    assert validate_clock_control(CudaConfig(), nvml) == []
+    assert validate_clock_control(CudaConfig(), ProfilerConfig(frequency={"name": "zeus"})) == []
+    assert validate_clock_control(CudaConfig(device="cpu"), sim) == []  # a CPU check has no clock to lock

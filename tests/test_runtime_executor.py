@@ -7,7 +7,7 @@ import pytest
 
 from kareus.plan.model import ExecutionPlan, InstructionPlan, PartitionSetting, StagePlan
 from kareus.runtime.executor import PlanCoverageError, PlanExecutor
-from kareus.runtime.megatron import MicrobatchTracker, plan_hooks
+from kareus.runtime.megatron import MicrobatchTracker, UnsupportedScheduleError, plan_hooks
 
 
 class FakeController:
@@ -45,6 +45,26 @@ def test_clock_switches_only_when_the_instruction_clock_changes():
     assert [(s.microbatch, s.direction, s.mhz) for s in ex.switches] == [
         (0, "fwd", 1410), (0, "bwd", 1305), (2, "fwd", 1200), (1, "bwd", 1305), (3, "fwd", 1200), (2, "bwd", 1305)]
     assert ex.instructions == 8
+
+
+def test_device_is_synchronised_before_each_clock_switch_and_only_then():
+    log: list = []
+    ctl = FakeController()
+    ctl.calls = log  # one log for both: the order of sync and set is what matters
+    ex = PlanExecutor(_plan(), ctl, stage=0, sync=lambda: log.append("sync"))
+    for mb, d in [(0, "fwd"), (1, "fwd"), (0, "bwd"), (2, "fwd"), (3, "fwd")]:
+        ex.begin(mb, d)
+    # f1 and f3 keep the locked clock: no sync (it would stall the queue for nothing)
+    assert log == ["sync", 1410, "sync", 1305, "sync", 1200]
+
+
+def test_default_sync_is_a_no_op_without_a_gpu():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the default is torch.cuda.synchronize")
+    ex = PlanExecutor(_plan(), FakeController(), stage=0)
+    assert ex.sync() is None
+    ex.begin(0, "fwd")
 
 
 def test_partition_settings_follow_the_current_instruction():
@@ -122,6 +142,65 @@ def test_hook_switches_the_clock_before_each_step_of_a_1f1b_schedule():
     assert (fake.forward_step, fake.backward_step) == originals  # restored
     assert [c[2] for c in calls] == [1410, 1410, 1305, 1200, 1305, 1200, 1305, 1305]
     assert ctl.calls == [1410, 1305, 1200, 1305, 1200, 1305]
+
+
+def _fake_schedules(calls: list) -> SimpleNamespace:
+    return SimpleNamespace(forward_step=lambda *a, **kw: calls.append("f"), backward_step=lambda *a, **kw: calls.append("b"))
+
+
+def test_hook_refuses_the_interleaved_schedule_before_any_clock_switch():
+    calls: list = []
+    ctl = FakeController()
+    fake = _fake_schedules(calls)
+    with plan_hooks(PlanExecutor(_plan(), ctl, stage=0), fake):
+        fake.forward_step("func", current_microbatch=0, vp_stage=None)  # the non-interleaved schedules
+        with pytest.raises(UnsupportedScheduleError, match="interleaved"):
+            fake.forward_step("func", current_microbatch=1, vp_stage=0)  # chunk 0 of a virtual pipeline
+        with pytest.raises(UnsupportedScheduleError, match="vp_stage=1"):
+            fake.forward_step(*["x"] * 12, 1)  # positional, as forward_step's signature allows
+    assert calls == ["f"] and ctl.calls == [1410]
+
+
+@pytest.mark.parametrize("flag,value", [("overlap_moe_expert_parallel_comm", True), ("hybrid_context_parallel", True),
+                                        ("virtual_pipeline_model_parallel_size", 2)])
+def test_hook_refuses_schedules_that_bypass_or_miscount_its_steps(flag, value):
+    config = SimpleNamespace(**{flag: value})
+    fake = _fake_schedules([])
+    originals = (fake.forward_step, fake.backward_step)
+    with pytest.raises(UnsupportedScheduleError, match=flag):
+        with plan_hooks(PlanExecutor(_plan(), FakeController(), stage=0), fake, config=config):
+            pass
+    assert (fake.forward_step, fake.backward_step) == originals  # nothing was patched
+    ctl = FakeController()
+    with plan_hooks(PlanExecutor(_plan(), ctl, stage=0), fake):  # no config given: the first forward tells
+        with pytest.raises(UnsupportedScheduleError, match=flag):
+            fake.forward_step("func", None, None, 4, None, [], config, current_microbatch=0)
+    assert ctl.calls == []
+
+
+def test_hook_checks_the_flags_megatron_core_config_has():
+    pytest.importorskip("megatron.core")
+    from megatron.core.model_parallel_config import ModelParallelConfig
+
+    ex = PlanExecutor(_plan(), FakeController(), stage=0)
+    with plan_hooks(ex, _fake_schedules([]), config=ModelParallelConfig()):
+        pass
+    for flag in ("overlap_moe_expert_parallel_comm", "hybrid_context_parallel"):
+        with pytest.raises(UnsupportedScheduleError, match=flag):
+            with plan_hooks(ex, _fake_schedules([]), config=ModelParallelConfig(**{flag: True})):
+                pass
+
+
+def test_hook_reads_forward_step_arguments_where_megatron_core_puts_them():
+    import inspect
+
+    from kareus.runtime import megatron
+
+    schedules = pytest.importorskip("megatron.core.pipeline_parallel.schedules")
+    names = list(inspect.signature(schedules.forward_step).parameters)
+    assert names.index("config") == megatron._FORWARD_CONFIG
+    assert names.index("current_microbatch") == megatron._FORWARD_MICROBATCH
+    assert names.index("vp_stage") == megatron._FORWARD_VP_STAGE
 
 
 def test_hook_patches_the_functions_megatron_core_schedules_call():

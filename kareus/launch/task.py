@@ -49,12 +49,10 @@ def run_search_task(task: PartitionSearchTask, listeners: Sequence[Callable[[Any
     """Build backend, profiler and searcher from ``task`` and run the search (journal first, always)."""
     import kareus.hardware  # noqa: F401  (registers backends)
     import kareus.profiler  # noqa: F401  (registers cooldowns and frequency controllers)
+    import kareus.runtime  # noqa: F401  (registers the cuda backend in a fresh worker; torch only when used)
     import kareus.search  # noqa: F401  (registers searchers)
     from kareus.events import EventBus
-    from kareus.profiler import Journal, Profiler, ProfilerConfig
-    from kareus.registry import HARDWARE, SEARCHERS, to_dataclass
-    from kareus.search import SearchProblem, budget_for, build_space
-    from kareus.search.common import reference_point
+    from kareus.registry import HARDWARE
 
     bus = EventBus()
     made = [factory() for factory in task.listener_factories]
@@ -62,7 +60,30 @@ def run_search_task(task: PartitionSearchTask, listeners: Sequence[Callable[[Any
         bus.subscribe(listener)
 
     hw = dict(task.hardware)
-    backend = HARDWARE.build(hw["name"], config=hw, seed=task.seed)
+    try:
+        backend = HARDWARE.build(hw["name"], config=hw, seed=task.seed)
+        try:
+            return _search(task, backend, bus)
+        finally:
+            _close(backend)  # a real GPU backend's NCCL communicators hold GPU memory and threads
+    finally:
+        for listener in made:
+            _close(listener)
+
+
+def _close(obj: Any) -> None:
+    close = getattr(obj, "close", None)
+    if callable(close):
+        close()
+
+
+def _search(task: PartitionSearchTask, backend: Any, bus: Any) -> SearchResult:
+    """The search on a built backend: profiler (clocks reset on the way out), searcher, journal."""
+    from kareus.profiler import Journal, Profiler, ProfilerConfig
+    from kareus.registry import SEARCHERS, to_dataclass
+    from kareus.search import SearchProblem, budget_for, build_space
+    from kareus.search.common import reference_point
+
     entry = SEARCHERS.get(task.search["name"])
     scfg = to_dataclass(entry.config_cls, task.search) if entry.config_cls is not None else None
     pcfg = to_dataclass(ProfilerConfig, task.profiler)
@@ -96,10 +117,6 @@ def run_search_task(task: PartitionSearchTask, listeners: Sequence[Callable[[Any
                                     len(result.measurements) - len(ok), result.gpu_seconds, hv))
     finally:
         journal.close()
-        for listener in made:
-            close = getattr(listener, "close", None)
-            if callable(close):
-                close()
     return result
 
 

@@ -9,6 +9,12 @@ read_ops_at, mhz)`` (anchor windows in the stream, ``thermal``), ``observe(readi
 idle_c)`` (every window's temperatures) and ``excess_energy(reading, start_c, idle_c)`` (the
 residual-heat energy per execution to subtract; raw readings are kept), plus ``state()`` /
 ``load_state()`` so the journal keeps what they learned.
+
+On a tensor-parallel group each rank runs its own policy on its own GPU, but they measure in
+lockstep: a decision that changes what a rank runs (an anchor window, one more cooldown poll) must
+come out the same on every rank, or their collectives mismatch and the group hangs. Such decisions
+go through ``group_max`` (the backend's ``agree_max``; a no-op on a single GPU): cooldowns wait for
+the group's hottest GPU, and the group takes an anchor when any of its GPUs calls for one.
 """
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kareus.config.bounds import out_of_bounds
+from kareus.errors import KareusError
 from kareus.hardware.base import HardwareBackend
 from kareus.registry import COOLDOWNS
 from kareus.types import Op, OpKind
@@ -25,6 +32,17 @@ from kareus.types import Op, OpKind
 class CooldownPolicy(Protocol):
     def cool(self, backend: HardwareBackend) -> float:
         """Idle the GPU as the policy says; return the seconds idled."""
+
+
+def group_max(backend: HardwareBackend, value: float) -> float:
+    """The largest ``value`` over the backend's group of ranks (the value itself on a single GPU)."""
+    agree = getattr(backend, "agree_max", None)
+    return float(agree(value)) if callable(agree) else float(value)
+
+
+def group_excess_c(backend: HardwareBackend) -> float:
+    """Degrees above its idle temperature of the group's hottest GPU."""
+    return group_max(backend, backend.temperature() - backend.idle_temperature())
 
 
 @dataclass
@@ -84,9 +102,8 @@ class TemperatureCooldown:
         self.cfg = cfg
 
     def cool(self, backend: HardwareBackend) -> float:
-        target = backend.idle_temperature() + self.cfg.delta_c
         waited = 0.0
-        while backend.temperature() > target and waited < self.cfg.timeout_s - 1e-12:
+        while waited < self.cfg.timeout_s - 1e-12 and group_excess_c(backend) > self.cfg.delta_c:
             step = min(self.cfg.poll_s, self.cfg.timeout_s - waited)
             backend.idle(step)
             waited += step
@@ -122,9 +139,7 @@ class PredictiveCooldown:
         self._fits: list[float] = []
 
     def cool(self, backend: HardwareBackend) -> float:
-        idle_t = backend.idle_temperature()
-        t0 = backend.temperature()
-        excess = t0 - idle_t
+        excess = group_excess_c(backend)
         if excess <= self.cfg.delta_c:
             return 0.0
         wait = min(self.tau * math.log(excess / self.cfg.delta_c), self.cfg.timeout_s)
@@ -132,9 +147,8 @@ class PredictiveCooldown:
         if wait > 0:
             backend.idle(wait)
             waited = wait
-            t1 = backend.temperature()
-            self._learn(excess, t1 - idle_t, wait)
-        while backend.temperature() > idle_t + self.cfg.delta_c and waited < self.cfg.timeout_s - 1e-12:
+            self._learn(excess, group_excess_c(backend), wait)
+        while waited < self.cfg.timeout_s - 1e-12 and group_excess_c(backend) > self.cfg.delta_c:
             step = min(self.cfg.poll_s, self.cfg.timeout_s - waited)
             backend.idle(step)
             waited += step
@@ -415,33 +429,46 @@ class ThermalCooldown:
 
         Returns how many were taken (the profiler re-locks the candidate's clock after any).
         """
-        cfg = self.cfg
-        idle = backend.idle_temperature()
         ref = self.reference_mhz(backend)
-        x_now = backend.temperature() - idle
         taken = 0
         began = backend.now()
-        ref_x0 = [a["t0"] - a["idle"] for a in self.anchors if a["mhz"] == ref]
-        if not ref_x0:
+        if self._group_takes(backend, self._wants_reference(backend, ref)):
             taken += self._take(backend, read_ops_at, ref)
-        elif x_now >= max(max(ref_x0) * cfg.growth, max(ref_x0) + cfg.min_step_c):
-            taken += self._take(backend, read_ops_at, ref)
-        elif (self.coeff_rel_se > cfg.target_rel_se and x_now >= cfg.min_step_c
-              and x_now >= cfg.hot_frac * max(self.hottest_c, max(ref_x0))):
-            taken += self._take(backend, read_ops_at, ref)
-        if cfg.per_clock and int(mhz) not in {a["mhz"] for a in self.anchors}:
+        if self._group_takes(backend, self.cfg.per_clock and int(mhz) not in {a["mhz"] for a in self.anchors}):
             taken += self._take(backend, read_ops_at, int(mhz))
         self.anchor_seconds += backend.now() - began
         if taken:
             self._fit()
         return taken
 
+    def _wants_reference(self, backend: HardwareBackend, ref: int) -> bool:
+        """Whether this GPU calls for a reference-clock anchor now: none yet, or hotter than any so far
+        (by ``growth`` and ``min_step_c``), or hot while the leakage coefficient is still uncertain."""
+        cfg = self.cfg
+        x_now = backend.temperature() - backend.idle_temperature()
+        ref_x0 = [a["t0"] - a["idle"] for a in self.anchors if a["mhz"] == ref]
+        if not ref_x0:
+            return True
+        if x_now >= max(max(ref_x0) * cfg.growth, max(ref_x0) + cfg.min_step_c):
+            return True
+        return (self.coeff_rel_se > cfg.target_rel_se and x_now >= cfg.min_step_c
+                and x_now >= cfg.hot_frac * max(self.hottest_c, max(ref_x0)))
+
+    def _group_takes(self, backend: HardwareBackend, wants: bool) -> bool:
+        """Whether the group runs this anchor: some GPU wants it and none has used up its anchors.
+
+        One agreed value (2 out of anchors, 1 wants one, 0 neither), so that ranks whose histories
+        differ (one resumed from the journal, another not) still run the same windows.
+        """
+        spent = len(self.anchors) >= self.cfg.max_anchors or self.failed_anchors >= self.cfg.max_failed_anchors
+        return group_max(backend, 2.0 if spent else (1.0 if wants else 0.0)) == 1.0
+
     def _take(self, backend: HardwareBackend, read_ops_at, mhz: int) -> int:
-        if len(self.anchors) >= self.cfg.max_anchors or self.failed_anchors >= self.cfg.max_failed_anchors:
-            return 0
         t0 = backend.temperature()
         try:
             r = read_ops_at(int(mhz), ANCHOR_OPS, self.cfg.anchor_window_s)
+        except KareusError:  # a configuration error stops the search, anchors or not
+            raise
         except Exception:  # an anchor is optional: a failed one is skipped, the candidate goes on
             r = None
         if r is None or not (r.ok and r.time_s > 0 and r.energy_j > 0 and math.isfinite(r.energy_j)

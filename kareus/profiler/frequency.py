@@ -2,12 +2,12 @@
 
 Registered in ``FREQUENCY_CONTROLLERS``; built with ``FREQUENCY_CONTROLLERS.build(name, backend,
 config=section)``. A controller is a context manager: leaving it (normally or by an exception)
-resets the clocks, so a crashed search never leaves a GPU locked at a low clock.
+resets the clocks, so a crashed search never leaves a GPU locked at a low clock; while a real
+controller holds a lock, SIGTERM raises SystemExit so that reset runs then too.
 NVML and Zeus are imported lazily: the planner runs without them.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,39 +62,92 @@ class SimFrequencyController(FrequencyController):
         self.locked = None
 
 
-def _visible_indices(devices: list[int]) -> list[int]:
-    """NVML indices of the GPUs to lock: the configured ones, else CUDA_VISIBLE_DEVICES, else GPU 0."""
-    if devices:
-        return list(devices)
-    vis = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
-    if vis and all(p.strip().isdigit() for p in vis.split(",")):
-        return [int(p) for p in vis.split(",")]
-    return [0]
+class SigtermGuard:
+    """Turns SIGTERM into SystemExit while clocks are locked, so ``finally``/``with`` resets them.
+
+    A scheduler's SIGTERM (job cancelled, preempted) would otherwise kill the process without unwinding,
+    leaving the GPU locked at a low clock for whoever runs next. Python lets only the main thread
+    install handlers; elsewhere this does nothing. The previous handler comes back on ``restore``.
+    """
+
+    def __init__(self) -> None:
+        self._previous: Any = None
+        self.installed = False
+
+    def install(self) -> None:
+        import signal
+
+        if self.installed or _not_main_thread():
+            return
+        self._previous = signal.getsignal(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, _raise_system_exit)
+        self.installed = True
+
+    def restore(self) -> None:
+        import signal
+
+        if not self.installed or _not_main_thread():
+            return
+        previous = self._previous if self._previous is not None else signal.SIG_DFL  # None: set outside Python
+        signal.signal(signal.SIGTERM, previous)
+        self.installed = False
+        self._previous = None
+
+
+def _not_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is not threading.main_thread()
+
+
+def _raise_system_exit(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _release(backend: HardwareBackend | None) -> None:
+    """Tell a backend that checks its clock against NVML that no clock is locked any more."""
+    release = getattr(backend, "release_clock", None)
+    if callable(release):
+        release()
 
 
 @dataclass
 class NVMLFrequencyConfig:
     name: str = "nvml"
-    devices: list[int] = field(default_factory=list)  # NVML indices (the TP group); [] = visible GPUs
+    devices: list[int] = field(default_factory=list)  # NVML indices to lock; [] = this process's own GPU
 
 
 @FREQUENCY_CONTROLLERS.register("nvml", NVMLFrequencyConfig)
 class NVMLFrequencyController(FrequencyController):
-    """Locks every GPU of the group with ``nvmlDeviceSetGpuLockedClocks`` (needs admin rights)."""
+    """Locks GPUs with ``nvmlDeviceSetGpuLockedClocks`` (needs admin rights).
+
+    Without ``devices`` it locks only this process's GPU (the current CUDA device, matched to NVML by
+    UUID): one process runs per GPU of the group, and each must lock the GPU whose energy it reads,
+    not its neighbours'.
+    """
+
+    locks_gpu = True
 
     def __init__(self, cfg: NVMLFrequencyConfig, backend: HardwareBackend | None = None) -> None:
         import pynvml  # provided by nvidia-ml-py
+
+        from kareus.runtime.telemetry import nvml_handle, own_cuda_index
 
         self.cfg = cfg
         self.backend = backend
         self._nvml = pynvml
         pynvml.nvmlInit()
-        self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in _visible_indices(cfg.devices)]
         self._open = True
+        self._guard = SigtermGuard()
+        if cfg.devices:
+            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(int(i)) for i in cfg.devices]
+        else:
+            self._handles = [nvml_handle(pynvml, own_cuda_index())]
 
     def set(self, mhz: int) -> None:
         if self.locked == mhz:
             return
+        self._guard.install()
         for h in self._handles:
             self._nvml.nvmlDeviceSetGpuLockedClocks(h, int(mhz), int(mhz))
         self.locked = int(mhz)
@@ -109,10 +162,13 @@ class NVMLFrequencyController(FrequencyController):
             except Exception as e:  # pragma: no cover - needs a GPU
                 errors.append(e)
         self.locked = None
+        _release(self.backend)
+        self._guard.restore()
         if errors:
             raise errors[0]
 
     def close(self) -> None:
+        self._guard.restore()
         if self._open:
             self._open = False
             self._nvml.nvmlShutdown()
@@ -121,21 +177,28 @@ class NVMLFrequencyController(FrequencyController):
 @dataclass
 class ZeusFrequencyConfig:
     name: str = "zeus"
-    devices: list[int] = field(default_factory=list)  # indices among the visible GPUs; [] = all visible
+    devices: list[int] = field(default_factory=list)  # indices among Zeus's GPUs; [] = this process's own GPU
 
 
 @FREQUENCY_CONTROLLERS.register("zeus", ZeusFrequencyConfig)
 class ZeusFrequencyController(FrequencyController):
-    """Locks clocks through Zeus's device layer (which also works through the ``zeusd`` daemon)."""
+    """Locks clocks through Zeus's device layer (which also works through the ``zeusd`` daemon).
+
+    Without ``devices`` it locks only this process's GPU (see :class:`NVMLFrequencyController`).
+    """
+
+    locks_gpu = True
 
     def __init__(self, cfg: ZeusFrequencyConfig, backend: HardwareBackend | None = None) -> None:
         from zeus.device import get_gpus
 
+        from kareus.runtime.telemetry import own_cuda_index, zeus_index
+
         self.cfg = cfg
         self.backend = backend
         self._gpus = get_gpus()
-        n = len(self._gpus)
-        self._indices = list(cfg.devices) if cfg.devices else list(range(n))
+        self._guard = SigtermGuard()
+        self._indices = list(cfg.devices) if cfg.devices else [zeus_index(self._gpus, own_cuda_index())]
 
     def _call(self, method: str, index: int, *args: int) -> None:
         gpus = self._gpus
@@ -147,6 +210,7 @@ class ZeusFrequencyController(FrequencyController):
     def set(self, mhz: int) -> None:
         if self.locked == mhz:
             return
+        self._guard.install()
         for i in self._indices:
             self._call("set_gpu_locked_clocks", i, int(mhz), int(mhz))
         self.locked = int(mhz)
@@ -161,5 +225,10 @@ class ZeusFrequencyController(FrequencyController):
             except Exception as e:  # pragma: no cover - needs a GPU
                 errors.append(e)
         self.locked = None
+        _release(self.backend)
+        self._guard.restore()
         if errors:
             raise errors[0]
+
+    def close(self) -> None:
+        self._guard.restore()

@@ -18,6 +18,7 @@ import math
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
+from kareus.errors import KareusError
 from kareus.events import CandidateMeasured
 from kareus.hardware.base import HardwareBackend
 from kareus.profiler.config import ProfilerConfig, section
@@ -32,7 +33,9 @@ class ReadError(RuntimeError):
     """A transient failure to read time or energy (NVML error, counter glitch): worth retrying.
 
     Backends raise it (or return ``Reading(ok=False)``); any other exception from a backend means the
-    kernel itself failed, and the candidate is recorded as failed without retries.
+    kernel itself failed, and the candidate is recorded as failed without retries, except a
+    ``KareusError`` (a configuration error, e.g. no usable process group): it stops the search at
+    once, since every candidate would fail the same way.
     """
 
 
@@ -135,6 +138,8 @@ class Profiler:
     def _lock(self, mhz: int) -> None:
         try:
             self.frequency.set(int(mhz))
+        except KareusError:
+            raise
         except Exception as e:
             raise _Crash(f"clock: {type(e).__name__}: {e}") from e
         if self.cfg.settle_s > 0:
@@ -149,6 +154,8 @@ class Profiler:
                 for _ in range(cfg.warmup_runs):
                     backend.run_once(partition, cand)
                 times = [float(backend.run_once(partition, cand)) for _ in range(cfg.calibration_runs)]
+            except KareusError:
+                raise
             except Exception as e:
                 raise _Crash(f"crash: {type(e).__name__}: {e}") from e
             per = median(times)
@@ -244,6 +251,8 @@ class Profiler:
             except ReadError as e:
                 seen.append(Reading(math.nan, math.nan, math.nan, math.nan, window, 0, False, f"read error: {e}"))
                 continue
+            except KareusError:
+                raise
             except Exception as e:
                 raise _Crash(f"crash: {type(e).__name__}: {e}") from e
             problem = self._invalid(reading)

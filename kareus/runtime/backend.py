@@ -5,8 +5,15 @@ is issued on a side stream just before the slot's op (after the main stream's ea
 other nanobatch's output is ready then) and the main stream waits for it after the join op (the
 chain's end unless the partition names a join). ``sequential`` runs the comm first, alone.
 Time comes from CUDA events, energy from the NVML counter or a Zeus window, clock and temperature
-from NVML. The clock itself is locked by a frequency controller (``nvml``/``zeus``), which reports
-the locked clock here through ``set_clock``; this backend never changes clocks or power limits.
+from NVML (the GPU matched to torch's device by UUID). The clock itself is locked by a frequency
+controller (``nvml``/``zeus``), which reports the locked clock here through ``set_clock``; a window
+whose NVML clock runs more than one clock step above it is a failed read (the lock did not hold).
+This backend never changes clocks or power limits.
+
+The ranks of a tensor-parallel group measure in lockstep, so every decision that changes how many
+collectives a rank issues is the group's: the execution count, and whether a window is good, failed
+or must be read again (``_group_verdict``). Under torchrun the backend starts torch.distributed
+itself; a comm backend without a usable process group is a configuration error (``CommSetupError``).
 
 With ``device: cpu`` the same logic runs without streams (an async gloo collective still overlaps
 the chain) and with wall-clock timing; energy is unavailable, so readings carry the time and are
@@ -17,12 +24,13 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 from kareus.hardware.base import GPUSpec, LockedClock
 from kareus.hardware.spec import GPUConfig
 from kareus.registry import COMM_BACKENDS, HARDWARE
+from kareus.runtime.comm import init_process_group_from_env
 from kareus.runtime.telemetry import EnergyUnavailable, NoEnergy, NVMLDevice, energy_meter, nvml_index
 from kareus.types import SEQUENTIAL, Candidate, Op, PartitionType, Reading
 
@@ -34,7 +42,7 @@ class CudaConfig(GPUConfig):
     name: str = "cuda"
     device: str = "cuda"  # "cuda" or "cpu" (tests: wall-clock timing, no energy)
     device_index: int = -1  # CUDA device; -1 = LOCAL_RANK, else 0
-    nvml_index: int = -1  # NVML index of that GPU; -1 = through CUDA_VISIBLE_DEVICES
+    nvml_index: int = -1  # NVML index of that GPU; -1 = the GPU with the CUDA device's UUID
     comm: str = "nccl"  # a COMM_BACKENDS name: nccl | gloo | copy
     energy: str = "nvml"  # nvml | zeus | none
     dtype: str = "bfloat16"
@@ -62,6 +70,10 @@ class CudaConfig(GPUConfig):
             out.append(f"hardware.head_dim: must be positive, got {self.head_dim}")
         return out
 
+    def real_clock(self) -> bool:
+        """On a GPU a frequency controller must lock the clock; on the CPU there is none to lock."""
+        return self.device == "cuda"
+
 
 class CudaBackend(LockedClock):
     """A real GPU (or the CPU) behind the HardwareBackend protocol; one process per GPU of the group."""
@@ -74,25 +86,10 @@ class CudaBackend(LockedClock):
         self._torch = torch
         torch.manual_seed(seed)
         self.cuda = cfg.device == "cuda"
-        if self.cuda:
-            if not torch.cuda.is_available():
-                raise RuntimeError("hardware 'cuda' with device=cuda needs a CUDA GPU and a CUDA build of torch; "
-                                   "use device=cpu to check the logic without one")
-            index = cfg.device_index if cfg.device_index >= 0 else int(os.environ.get("LOCAL_RANK", "0"))
-            torch.cuda.set_device(index)
-            self.device = torch.device("cuda", index)
-            self.main = torch.cuda.current_stream(self.device)
-            self.side = torch.cuda.Stream(self.device)
-        elif cfg.device == "cpu":
-            index = 0
-            if cfg.cpu_threads > 0:
-                torch.set_num_threads(cfg.cpu_threads)
-            self.device = torch.device("cpu")
-            self.main = self.side = None
-        else:
-            raise ValueError(f"hardware.device must be 'cuda' or 'cpu', got {cfg.device!r}")
+        index = self._select_device(cfg)
         # the device index keeps each GPU's thermal anchors apart when several share one journal
         self.name = f"cuda:{cfg.gpu}:{index}" if self.cuda else f"cpu:{cfg.gpu}"
+        self.comm = self._start_comm(comm)
         self._nvml_error = ""
         self.nvml = self._open_nvml(index) if self.cuda else None
         if self.cuda:
@@ -101,14 +98,11 @@ class CudaBackend(LockedClock):
                 self.energy.reason += f" ({self._nvml_error})"
         else:
             self.energy = NoEnergy("energy is unavailable on device cpu (no GPU energy counter)")
-        if comm is None:  # the comm backend's defaults, built without OmegaConf (a bare GPU box has torch only)
-            entry = COMM_BACKENDS.get(cfg.comm)
-            comm = entry.factory(entry.config_cls()) if entry.config_cls is not None else entry.factory()
-        self.comm = comm
         from kareus.runtime.kernels import torch_dtype
 
         self.dtype = torch_dtype(cfg.dtype)
         self._clock = self.gpu.max_mhz
+        self._clock_locked = False  # set_clock from a controller: windows are checked against NVML's clock
         self._t0 = time.perf_counter()
         self._compute: dict[str, list[Callable[[], Any]]] = {}
         self._comm: dict[tuple[str, int], Callable[[], Any]] = {}
@@ -118,6 +112,40 @@ class CudaBackend(LockedClock):
         elif self.nvml is not None:
             self._idle_c = self.nvml.temperature_c()
 
+    def _select_device(self, cfg: CudaConfig) -> int:
+        """Bind this process to its GPU (LOCAL_RANK under torchrun) and make its streams; 0 on the CPU."""
+        torch = self._torch
+        if self.cuda:
+            if not torch.cuda.is_available():
+                raise RuntimeError("hardware 'cuda' with device=cuda needs a CUDA GPU and a CUDA build of torch; "
+                                   "use device=cpu to check the logic without one")
+            index = cfg.device_index if cfg.device_index >= 0 else int(os.environ.get("LOCAL_RANK", "0"))
+            torch.cuda.set_device(index)
+            self.device = torch.device("cuda", index)
+            self.main = torch.cuda.current_stream(self.device)
+            self.side = torch.cuda.Stream(self.device)
+            return index
+        if cfg.device != "cpu":
+            raise ValueError(f"hardware.device must be 'cuda' or 'cpu', got {cfg.device!r}")
+        if cfg.cpu_threads > 0:
+            torch.set_num_threads(cfg.cpu_threads)
+        self.device = torch.device("cpu")
+        self.main = self.side = None
+        return 0
+
+    def _start_comm(self, comm: Any) -> Any:
+        """The comm backend, with its process group started (torchrun) or checked before any candidate.
+
+        A missing group would otherwise fail every candidate the same way, one crash record each.
+        """
+        if comm is None:  # the comm backend's defaults, built without OmegaConf (a bare GPU box has torch only)
+            entry = COMM_BACKENDS.get(self.cfg.comm)
+            comm = entry.factory(entry.config_cls()) if entry.config_cls is not None else entry.factory()
+        if getattr(comm, "needs_process_group", False):
+            init_process_group_from_env(self.device)
+            comm.check_ready(self.device)
+        return comm
+
     def _open_nvml(self, index: int) -> NVMLDevice | None:
         try:
             return NVMLDevice(nvml_index(index, self.cfg.nvml_index))
@@ -126,7 +154,23 @@ class CudaBackend(LockedClock):
             return None
 
     # -- clock, temperature, time ------------------------------------------------------------------
+    def set_clock(self, mhz: int) -> None:
+        """Record the clock a frequency controller locked; windows are then checked against NVML's."""
+        super().set_clock(mhz)
+        self._clock_locked = True
 
+    def release_clock(self) -> None:
+        """The controller gave the clock back: the GPU picks its own clock again, nothing to check."""
+        self._clock_locked = False
+
+    def agree_max(self, value: float) -> float:
+        """The group's largest ``value`` (to 0.001): what decides how many windows a rank measures
+        (cooldowns, thermal anchors) must be decided alike on every rank, or collectives mismatch."""
+        return self._agree(math.ceil(float(value) * 1000.0)) / 1000.0
+
+    def _agree(self, value: int) -> int:
+        agree = getattr(self.comm, "agree", None)
+        return int(agree(int(value), self.device)) if agree is not None else int(value)
 
     def temperature(self) -> float:
         if self.nvml is None:
@@ -257,10 +301,8 @@ class CudaBackend(LockedClock):
         for _ in range(max(0, self.cfg.warmup)):
             run()
         t1 = min(self._timed(run, 1) for _ in range(3))  # calibration: the window's execution count
-        n = max(1, int(math.ceil(window_s / max(t1, 1e-9))))
-        agree = getattr(self.comm, "agree", None)
-        if agree is not None:  # ranks of a TP group calibrate apart but must run as many collectives
-            n = agree(n, self.device)
+        # ranks of a TP group calibrate apart but must run as many collectives
+        n = self._agree(max(1, int(math.ceil(window_s / max(t1, 1e-9)))))
         self.synchronize()
         torch = self._torch
         wall = time.perf_counter()
@@ -277,11 +319,66 @@ class CudaBackend(LockedClock):
             elapsed = begin.elapsed_time(end) / 1000.0
         else:
             elapsed = time.perf_counter() - wall
+        return self._finish(elapsed, n, freq)
+
+    def _finish(self, elapsed: float, n: int, freq: float) -> Reading:
+        """End the window and agree its outcome; every rank issues the same collectives whatever happened."""
+        raised: Exception | None = None
         try:
-            energy = self.energy.end()
+            energy, why = self._end_energy()
+            temperature = self.temperature()
+        except Exception as e:  # an NVML/Zeus hiccup (counter, temperature): a read error, retried
+            raised = e
+        # the group's time, the slowest rank's (collectives couple them): every rank then judges the
+        # window's length alike, and the profiler retries a short one on all ranks or on none
+        elapsed = self._agree(math.ceil(elapsed * 1e9)) / 1e9
+        if raised is not None:
+            return self._group_verdict(raised)
+        problem = why or self._clock_problem(freq)
+        return self._group_verdict(Reading(elapsed / n, energy / n, temperature, freq, elapsed, n, not problem,
+                                           problem))
+
+    def _end_energy(self) -> tuple[float, str]:
+        """Joules of the window, or NaN and why this device has no meter."""
+        try:
+            return float(self.energy.end()), ""
         except EnergyUnavailable as e:
-            return Reading(elapsed / n, math.nan, self.temperature(), freq, elapsed, n, False, str(e))
-        return Reading(elapsed / n, energy / n, self.temperature(), freq, elapsed, n)
+            return math.nan, str(e)
+
+    def _clock_problem(self, freq: float) -> str:
+        """Why the window did not run under the locked clock ("" if NVML's clock is at most one step
+        above it). Above the lock, the lock did not hold and the reading would be filed under a clock
+        it never ran at. Below it is power or thermal throttling, which training at that lock meets
+        too, so the reading stands (it carries the sampled clock). Checked only while a controller
+        holds the lock.
+        """
+        if not self._clock_locked or self.nvml is None or not math.isfinite(freq):
+            return ""
+        if freq <= self._clock + self.gpu.step_mhz:
+            return ""
+        return (f"clock: NVML read {freq:.0f} MHz during the window, above the {self._clock} MHz locked "
+                f"(more than one {self.gpu.step_mhz} MHz step: the lock did not hold)")
+
+    def _group_verdict(self, outcome: Reading | Exception) -> Reading:
+        """The window's outcome as the whole group sees it: every rank fails or retries it together.
+
+        The profiler retries a failed read by measuring again; a rank that did so alone would wait in
+        its next collective for peers that moved on, and the group would hang. Each rank's verdict
+        (0 good, 1 invalid reading, 2 read error) is agreed and the worst holds on every rank: a read
+        error becomes a ReadError everywhere (retried), an invalid reading a failed one everywhere.
+        """
+        raised = outcome if isinstance(outcome, Exception) else None
+        local = 2 if raised is not None else (0 if _usable(outcome) else 1)
+        worst = self._agree(local)
+        if worst >= 2:
+            from kareus.profiler.profiler import ReadError
+
+            why = f"{type(raised).__name__}: {raised}" if raised is not None else \
+                "another rank of the group failed to read its window"
+            raise ReadError(why) from raised
+        if worst == 1 and local == 0:
+            return replace(outcome, ok=False, error="another rank of the group read an invalid window")
+        return outcome
 
     def _sampled_clock(self) -> float:
         if self.nvml is None:
@@ -292,9 +389,16 @@ class CudaBackend(LockedClock):
             return float(self._clock)
 
     def close(self) -> None:
-        if self.nvml is not None:
-            self.nvml.close()
-            self.nvml = None
+        """Destroy the comm backend's process groups and release NVML (the default group stays: the
+        process may build another backend; it is destroyed at exit)."""
+        close = getattr(self.comm, "close", None)
+        try:
+            if callable(close):
+                close()
+        finally:
+            if self.nvml is not None:
+                self.nvml.close()
+                self.nvml = None
 
 
 def launch_points(partition: PartitionType, slot: str) -> tuple[int | None, int]:
@@ -311,6 +415,11 @@ def launch_points(partition: PartitionType, slot: str) -> tuple[int | None, int]
         raise ValueError(f"partition {partition.key!r} joins after op {join}, before slot {slot!r} launches "
                          f"the comm at op {start}")
     return start, min(join, last)
+
+
+def _usable(r: Reading) -> bool:
+    """A reading the profiler can use: ok, with finite positive time and energy."""
+    return r.ok and math.isfinite(r.time_s) and r.time_s > 0 and math.isfinite(r.energy_j) and r.energy_j > 0
 
 
 def _wait(handle: Any) -> None:

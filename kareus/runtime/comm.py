@@ -8,18 +8,25 @@ returns a handle to ``wait()`` on (or None when the call already ordered itself 
 - ``nccl``: torch.distributed on NCCL; the SM count is the communicator's CTA count
   (``ProcessGroupNCCL.Options().config.min_ctas/max_ctas``), one process group per SM count, cached.
   Every rank of the default group must ask for the same SM counts in the same order (group creation
-  is collective), which the lockstep profiling of a TP group does.
+  is collective), which the lockstep profiling of a TP group does; ``close()`` destroys them.
 - ``gloo``: torch.distributed on CPU, for tests; the SM count is ignored, collectives run async.
 - ``copy``: no process group: a device-local copy of the message bytes, the single-GPU stand-in for
   a comm kernel (memory-bound, on the side stream), on ``sms`` persistent blocks where Triton runs
   (``kareus.runtime.smcopy``), else a plain ``copy_`` that ignores the SM count.
+
+The torch.distributed backends size each collective by the world size, so the world must be the
+op's group (one process per GPU of the tensor-parallel group): ``init_process_group_from_env``
+starts that world from torchrun's environment, and a missing or mismatched world raises
+``CommSetupError``, a configuration error that stops the search at once.
 """
 from __future__ import annotations
 
+import atexit
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
+from kareus.errors import KareusError
 from kareus.registry import COMM_BACKENDS
 from kareus.types import Collective, Op
 
@@ -33,6 +40,40 @@ class CommBackend(Protocol):
     def world_size(self) -> int: ...
     def agree(self, value: int, device: Any) -> int:
         """The group's maximum of ``value`` (ranks must launch equally many collectives)."""
+
+
+class CommSetupError(KareusError):
+    """torch.distributed is missing, unusable or the wrong size for the comm op.
+
+    A configuration error, not a failed candidate: every candidate would fail the same way, so the
+    search stops at once with this one line instead of recording a crash per candidate.
+    """
+
+
+def init_process_group_from_env(device: Any) -> bool:
+    """Start torch.distributed from torchrun's environment (WORLD_SIZE, RANK, MASTER_ADDR, ...) if unset.
+
+    Returns whether this call started it. NCCL is bound to this rank's GPU (``device_id``: the
+    communicator is created there, eagerly); gloo serves CPU runs. Without WORLD_SIZE nothing starts:
+    the caller then reports how to launch. The group lives until the process exits.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_available() or dist.is_initialized() or "WORLD_SIZE" not in os.environ:
+        return False
+    if getattr(device, "type", str(device)) == "cuda":
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        dist.init_process_group("gloo")
+    atexit.register(_destroy_default_group)
+    return True
+
+
+def _destroy_default_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _elements(nbytes: float, dtype: Any) -> int:
@@ -50,22 +91,52 @@ class _DistBackend:
 
     name = "dist"
     async_op = False
+    needs_process_group = True  # the hardware backend starts (or checks) torch.distributed first
 
-    def __init__(self, dtype: str) -> None:
+    def __init__(self, dtype: str, check_group_size: bool = True) -> None:
         from kareus.runtime.kernels import torch_dtype
 
         self.dtype = torch_dtype(dtype)
+        self.check_group_size = check_group_size
 
     def group(self, sms: int) -> Any:
         raise NotImplementedError
+
+    def _pop_groups(self) -> list[Any]:
+        """The process groups this backend created, forgotten here: ``close`` destroys them."""
+        return []
+
+    def check_ready(self, device: Any) -> None:
+        """Raise CommSetupError unless collectives can run on ``device`` (called when measuring starts)."""
+        self.world_size()
 
     def world_size(self) -> int:
         import torch.distributed as dist
 
         if not dist.is_available() or not dist.is_initialized():
-            raise RuntimeError(f"comm backend {self.name!r} needs an initialised torch.distributed process group "
-                               "(torchrun, or init_process_group before building the hardware backend)")
+            raise CommSetupError(
+                f"hardware.comm={self.name} needs a torch.distributed process group: launch one process per GPU "
+                "of the tensor-parallel group (torchrun --nproc-per-node=TP sets WORLD_SIZE), or call "
+                "init_process_group before building the hardware backend; on one GPU use hardware.comm=copy")
         return dist.get_world_size()
+
+    def check_world(self, op: Op, world: int) -> None:
+        """Collectives are sized by the world, so it must be the op's group (a ring exchange fits any)."""
+        if not self.check_group_size or _collective(op) is Collective.SEND_RECV or world == op.group_size:
+            return
+        raise CommSetupError(
+            f"comm op {op.name!r} is a {_collective(op).value} over {op.group_size} GPUs but torch.distributed "
+            f"has {world} ranks: run one process per GPU of the group (torchrun --nproc-per-node={op.group_size})")
+
+    def close(self) -> None:
+        """Destroy the groups this backend created: each NCCL communicator holds GPU memory and threads."""
+        import torch.distributed as dist
+
+        groups = self._pop_groups()
+        if not groups or not dist.is_available() or not dist.is_initialized():
+            return
+        for g in groups:
+            dist.destroy_process_group(g)
 
     def agree(self, value: int, device: Any) -> int:
         """The largest ``value`` over the group: every rank must issue the same number of collectives."""
@@ -83,6 +154,7 @@ class _DistBackend:
         import torch.distributed as dist
 
         ws = self.world_size()
+        self.check_world(op, ws)
         group = self.group(int(sms))
         rank = dist.get_rank()
         n = _elements(op.message_bytes, self.dtype)
@@ -142,6 +214,7 @@ class _Works:
 class GlooConfig:
     name: str = "gloo"
     dtype: str = "float32"
+    check_group_size: bool = True  # the world must be the comm op's group (False: plumbing checks only)
 
 
 @COMM_BACKENDS.register("gloo", GlooConfig)
@@ -152,16 +225,23 @@ class GlooBackend(_DistBackend):
     async_op = True
 
     def __init__(self, cfg: GlooConfig) -> None:
-        super().__init__(cfg.dtype)
+        super().__init__(cfg.dtype, cfg.check_group_size)
         self.cfg = cfg
         self._group: Any = None
+        self._owned = False
 
     def group(self, sms: int) -> Any:
         import torch.distributed as dist
 
         if self._group is None:
-            self._group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+            self._owned = dist.get_backend() != "gloo"
+            self._group = dist.new_group(backend="gloo") if self._owned else dist.group.WORLD
         return self._group
+
+    def _pop_groups(self) -> list[Any]:
+        groups = [self._group] if self._owned and self._group is not None else []  # WORLD is not ours
+        self._group, self._owned = None, False
+        return groups
 
 
 @dataclass
@@ -171,6 +251,7 @@ class NCCLConfig:
     exact_ctas: bool = True  # min_ctas = max_ctas = SMs (else only max_ctas: NCCL may use fewer)
     cga_cluster_size: int = 0  # 0 = NCCL's default
     high_priority_stream: bool = False
+    check_group_size: bool = True  # the world must be the comm op's group (False: a one-rank plumbing check)
 
 
 def nccl_options(sms: int, cfg: NCCLConfig) -> Any:
@@ -204,10 +285,24 @@ class NCCLBackend(_DistBackend):
     async_op = False  # ordered on the current (side) stream; the executor joins with an event
 
     def __init__(self, cfg: NCCLConfig) -> None:
-        super().__init__(cfg.dtype)
+        super().__init__(cfg.dtype, cfg.check_group_size)
         self.cfg = cfg
         self._groups: dict[int, Any] = {}
         self._env_sms: int | None = None
+
+    def check_ready(self, device: Any) -> None:
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_nccl_available():
+            raise CommSetupError("hardware.comm=nccl needs a torch build with NCCL (a CUDA build); "
+                                 "use hardware.comm=gloo with hardware.device=cpu to check the logic")
+        if getattr(device, "type", str(device)) != "cuda":
+            raise CommSetupError("hardware.comm=nccl runs on GPUs only; use hardware.comm=gloo with hardware.device=cpu")
+        super().check_ready(device)
+
+    def _pop_groups(self) -> list[Any]:
+        groups, self._groups = list(self._groups.values()), {}
+        return groups
 
     def group(self, sms: int) -> Any:
         import torch.distributed as dist
@@ -218,7 +313,7 @@ class NCCLBackend(_DistBackend):
         if hit is not None:
             return hit
         if not dist.is_nccl_available():
-            raise RuntimeError("comm backend 'nccl' needs a torch build with NCCL (a CUDA build)")
+            raise CommSetupError("hardware.comm=nccl needs a torch build with NCCL (a CUDA build)")
         opts = nccl_options(sms, self.cfg)
         if opts is None:
             self._env_fallback(sms)
@@ -227,9 +322,9 @@ class NCCLBackend(_DistBackend):
 
     def _env_fallback(self, sms: int) -> None:
         if self._env_sms is not None and self._env_sms != sms:
-            raise RuntimeError(f"this torch build has no per-communicator NCCL config; NCCL_MIN/MAX_CTAS are "
-                               f"read once per process, so only one SM count ({self._env_sms}) can be used, "
-                               f"not {sms}")
+            raise CommSetupError(f"this torch build has no per-communicator NCCL config; NCCL_MIN/MAX_CTAS are "
+                                 f"read once per process, so only one SM count ({self._env_sms}) can be used, "
+                                 f"not {sms}")
         os.environ["NCCL_MAX_CTAS"] = str(sms)
         if self.cfg.exact_ctas:
             os.environ["NCCL_MIN_CTAS"] = str(sms)

@@ -3,7 +3,9 @@
 The training loop (or the megatron-core hook in ``kareus.runtime.megatron``) calls
 ``begin(microbatch, direction)`` before each pipeline instruction; the executor locks that
 instruction's clock through the frequency controller (skipping a switch to the clock already
-locked: switches cost milliseconds) and makes the instruction's partition settings current. The
+locked: switches cost milliseconds) and makes the instruction's partition settings current. Before a
+switch it synchronises the device: kernels are queued ahead of the host, so a clock set at once would
+land on the previous instruction's queued kernels (Zeus's pipeline frequency optimizer syncs too). The
 code that runs a layer asks ``setting(key)`` (or ``slot``/``sms``) for each partition, or hands the
 partition to ``run_partition`` on a backend that executes partitions. Leaving the executor (``with``)
 resets the clocks, also after an exception.
@@ -14,7 +16,7 @@ The controller is any object with ``set(mhz)`` and ``reset()``: a ``FREQUENCY_CO
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from kareus.plan.model import ExecutionPlan, InstructionPlan, PartitionSetting
 from kareus.types import Direction, PartitionType
@@ -23,6 +25,19 @@ from kareus.types import Direction, PartitionType
 class ClockController(Protocol):
     def set(self, mhz: int) -> None: ...
     def reset(self) -> None: ...
+
+
+def default_sync() -> Callable[[], None]:
+    """``torch.cuda.synchronize`` where torch sees a GPU, else a no-op (CPU runs, planner-only installs)."""
+    try:
+        import torch
+    except ImportError:
+        return _no_sync
+    return torch.cuda.synchronize if torch.cuda.is_available() else _no_sync
+
+
+def _no_sync() -> None:
+    pass
 
 
 class PlanCoverageError(KeyError):
@@ -45,11 +60,12 @@ class PlanExecutor:
     """Applies one stage's part of an execution plan, instruction by instruction."""
 
     def __init__(self, plan: ExecutionPlan, controller: ClockController, stage: int,
-                 backend: Any = None) -> None:
+                 backend: Any = None, sync: Callable[[], None] | None = None) -> None:
         if not 0 <= stage < plan.num_stages:
             raise ValueError(f"stage {stage} is outside the plan's {plan.num_stages} stages")
         self.plan = plan
         self.controller = controller
+        self.sync = sync if sync is not None else default_sync()
         self.stage = stage
         self.backend = backend
         self.current: InstructionPlan | None = None
@@ -59,11 +75,12 @@ class PlanExecutor:
         self.instructions = 0
 
     @classmethod
-    def from_file(cls, path: str, controller: ClockController, stage: int, backend: Any = None) -> "PlanExecutor":
+    def from_file(cls, path: str, controller: ClockController, stage: int, backend: Any = None,
+                  sync: Callable[[], None] | None = None) -> "PlanExecutor":
         """An executor for a plan saved by ``python -m kareus`` (validated YAML/JSON, never eval or pickle)."""
         from kareus.plan.io import load_plan
 
-        return cls(load_plan(path), controller, stage, backend)
+        return cls(load_plan(path), controller, stage, backend, sync)
 
     # -- instruction boundaries ----------------------------------------------------------------------
     def begin(self, microbatch: int, direction: Direction | str) -> InstructionPlan:
@@ -76,6 +93,7 @@ class PlanExecutor:
                                     f"on stage {self.stage} (it covers {self.plan.num_microbatches} "
                                     "microbatches)") from None
         if ins.freq_mhz != self._locked:
+            self.sync()  # the previous instruction's queued kernels finish at their own clock
             self.controller.set(int(ins.freq_mhz))
             self._locked = int(ins.freq_mhz)
             self.switches.append(Switch(microbatch, d, int(ins.freq_mhz)))

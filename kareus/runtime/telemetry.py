@@ -13,15 +13,98 @@ class EnergyUnavailable(RuntimeError):
     """No energy meter on this device (CPU runs, a GPU without the NVML energy counter)."""
 
 
-def nvml_index(torch_index: int, override: int = -1) -> int:
-    """NVML index of a torch CUDA device: the override, else through CUDA_VISIBLE_DEVICES, else the same."""
-    if override >= 0:
-        return override
+def _torch_cuda() -> Any:
+    """``torch.cuda`` where a CUDA build of torch sees a GPU, else None (the planner runs without torch)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.cuda if torch.cuda.is_available() else None
+
+
+def own_cuda_index() -> int:
+    """This process's CUDA device: torch's current device once CUDA is initialised, else LOCAL_RANK.
+
+    Under torchrun each rank drives the GPU numbered LOCAL_RANK; reading ``current_device()`` before
+    anything selected a device would initialise CUDA on device 0, so LOCAL_RANK is used then.
+    """
+    cuda = _torch_cuda()
+    if cuda is not None and cuda.is_initialized():
+        return int(cuda.current_device())
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def _visible_entry(cuda_index: int) -> str | None:
+    """The CUDA_VISIBLE_DEVICES entry of a CUDA device (an NVML index or a UUID), None when unset."""
     vis = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
     parts = [p.strip() for p in vis.split(",")] if vis else []
-    if parts and all(p.isdigit() for p in parts) and torch_index < len(parts):
-        return int(parts[torch_index])
-    return torch_index
+    return parts[cuda_index] if 0 <= cuda_index < len(parts) and parts[cuda_index] else None
+
+
+def cuda_uuid(cuda_index: int) -> str | None:
+    """NVML's UUID (``GPU-...``) of a CUDA device, or None where neither torch nor the environment says.
+
+    torch reports the UUID CUDA itself uses, which is the only safe key: NVML numbers GPUs by PCI bus,
+    CUDA fastest-first by default, and CUDA_VISIBLE_DEVICES renumbers (and may hold UUIDs).
+    """
+    cuda = _torch_cuda()
+    if cuda is not None:
+        uuid = str(cuda.get_device_properties(cuda_index).uuid)
+    else:
+        uuid = _visible_entry(cuda_index) or ""
+        if uuid.isdigit():
+            return None
+    if not uuid:
+        return None
+    return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+
+
+def nvml_handle(nvml: Any, cuda_index: int, override: int = -1) -> Any:
+    """NVML handle of a CUDA device (``nvml`` is the initialised pynvml module): by UUID where known.
+
+    ``override`` >= 0 names the NVML index outright. Without torch or a UUID, a numeric
+    CUDA_VISIBLE_DEVICES entry is the NVML index, else the CUDA index is taken as it.
+    """
+    if override >= 0:
+        return nvml.nvmlDeviceGetHandleByIndex(int(override))
+    uuid = cuda_uuid(cuda_index)
+    if uuid is not None:
+        return nvml.nvmlDeviceGetHandleByUUID(uuid)
+    entry = _visible_entry(cuda_index)
+    return nvml.nvmlDeviceGetHandleByIndex(int(entry) if entry is not None else int(cuda_index))
+
+
+def nvml_index(cuda_index: int, override: int = -1) -> int:
+    """NVML index of a CUDA device (matched by UUID, see :func:`nvml_handle`)."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        return int(pynvml.nvmlDeviceGetIndex(nvml_handle(pynvml, cuda_index, override)))
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def zeus_index(gpus: Any, cuda_index: int) -> int:
+    """Index of a CUDA device among Zeus's GPUs (``zeus.device.get_gpus()``), matched by UUID.
+
+    Zeus numbers the CUDA_VISIBLE_DEVICES entries (or every NVML GPU) in NVML order; where it exposes
+    NVML handles the entry with this device's UUID is taken, else the CUDA index.
+    """
+    uuid = cuda_uuid(cuda_index)
+    members = getattr(gpus, "gpus", None)
+    if uuid is None or members is None:
+        return int(cuda_index)
+    import pynvml
+
+    for i, gpu in enumerate(members):
+        handle = getattr(gpu, "handle", None)
+        if handle is None:
+            continue
+        found = pynvml.nvmlDeviceGetUUID(handle)
+        if (found.decode() if isinstance(found, bytes) else str(found)) == uuid:
+            return i
+    return int(cuda_index)
 
 
 class NVMLDevice:
@@ -108,13 +191,15 @@ class NVMLEnergy:
 
 
 class ZeusEnergy:
-    """Energy from a ZeusMonitor window (``gpu_index`` among the visible GPUs)."""
+    """Energy from a ZeusMonitor window over the GPU torch runs on as ``cuda:<cuda_index>``."""
 
     name = "zeus"
 
-    def __init__(self, gpu_index: int) -> None:
+    def __init__(self, cuda_index: int) -> None:
+        from zeus.device import get_gpus
         from zeus.monitor import ZeusMonitor
 
+        gpu_index = zeus_index(get_gpus(), cuda_index)
         self.gpu_index = gpu_index
         self.monitor = ZeusMonitor(gpu_indices=[gpu_index], cpu_indices=[], sync_execution_with="torch")
         self._n = 0
@@ -128,12 +213,12 @@ class ZeusEnergy:
         return float(m.gpu_energy[self.gpu_index])
 
 
-def energy_meter(kind: str, device: NVMLDevice | None, gpu_index: int) -> Any:
+def energy_meter(kind: str, device: NVMLDevice | None, cuda_index: int) -> Any:
     """The configured meter, or a NoEnergy that says why none is available."""
     if kind == "none":
         return NoEnergy("energy metering is off (hardware.energy=none)")
     if kind == "zeus":
-        return ZeusEnergy(gpu_index)
+        return ZeusEnergy(cuda_index)
     if kind == "nvml":
         if device is None:
             return NoEnergy("no NVML device: energy needs an NVIDIA GPU and nvidia-ml-py")

@@ -1,0 +1,168 @@
+"""A tensor-parallel group of two gloo ranks on the CPU, started the way torchrun starts one.
+
+The backend starts torch.distributed from the environment, refuses a world that is not the op's
+group, and every decision that changes how many collectives a rank issues is the group's: a bad or
+failed read on one rank is retried by both, and a thermal anchor one GPU calls for is taken by both.
+A rank that decided alone would wait forever in a collective its peer never joins, so the ranks run
+under a deadline and a hang fails the test.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+DEADLINE_S = 120.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Meter:
+    """Energy windows of one rank; ``script`` says what each ``end()`` does (a number or an exception)."""
+
+    name = "fake"
+
+    def __init__(self, script: list) -> None:
+        self.script = list(script)
+
+    def begin(self) -> None:
+        pass
+
+    def end(self) -> float:
+        action = self.script.pop(0) if self.script else 5.0
+        if isinstance(action, Exception):
+            raise action
+        return float(action)
+
+
+def _partition():
+    from kareus.types import Collective, Direction, Link, PartitionType, Slot
+    from kareus.workload.ops import comm, gemm
+
+    ops = (gemm("a", 32, 32, 32), gemm("b", 32, 32, 32))
+    return PartitionType("fwd_x", Direction.FWD, ops, comm("ag", Collective.ALL_GATHER, 4096, 2, Link.NVLINK),
+                         (Slot("linear_0", (0,), "gemm"), Slot("linear_1", (1,), "gemm")))
+
+
+def _measure(backend, script: list) -> dict:
+    from kareus.profiler import Profiler, ProfilerConfig
+    from kareus.types import Candidate
+
+    backend.energy = _Meter(script)
+    cfg = ProfilerConfig(target_window_s=0.02, min_window_s=0.0, settle_s=0, warmup_runs=0, calibration_runs=1,
+                         retries=2, cooldown={"name": "none"}, frequency={"name": "sim"})
+    p = _partition()
+    m = Profiler(cfg, backend).measure(p, Candidate(p.key, "linear_1", 8, backend.gpu.max_mhz))
+    return {"failed": m.failed, "flags": list(m.flags), "reads": len(m.readings)}
+
+
+def _anchors(backend, rank: int) -> list[int]:
+    """Two anchor decisions; before the second only rank 0's GPU has heated up."""
+    from kareus.profiler.cooldown import ThermalCooldown, ThermalCooldownConfig
+
+    backend.energy = _Meter([])
+    backend._idle_c = 35.0
+    temperature = {"c": 40.0}
+    backend.temperature = lambda: temperature["c"]
+    policy = ThermalCooldown(ThermalCooldownConfig(anchor_window_s=0.01))
+
+    def read_ops_at(mhz, ops, window_s):
+        return backend.measure_ops(ops, window_s)
+
+    first = policy.before_window(backend, read_ops_at, 1005)  # no anchor yet: reference and 1005 MHz
+    temperature["c"] = 80.0 if rank == 0 else 36.0  # rank 0 now 45 degrees above idle, rank 1 one
+    second = policy.before_window(backend, read_ops_at, 1005)
+    return [first, second, len(policy.anchors)]
+
+
+def _worker(rank: int, port: int, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    from kareus.runtime import CudaBackend, CudaConfig
+    from kareus.runtime.comm import CommSetupError, GlooBackend, GlooConfig
+    from kareus.types import Collective, Link
+    from kareus.workload.ops import comm
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank),
+                      LOCAL_RANK=str(rank))
+    res: dict = {"before": dist.is_initialized()}
+    backend = CudaBackend(CudaConfig(device="cpu", comm="gloo", energy="none", warmup=0), seed=rank)
+    res.update(started=dist.is_initialized(), pg=dist.get_backend(), world=dist.get_world_size())
+    op4 = comm("ar4", Collective.ALL_REDUCE, 64, 4, Link.NVLINK)  # a TP 4 op in a world of 2
+    try:
+        backend.comm.prepare(op4, 8, torch.device("cpu"))
+        res["mismatch"] = ""
+    except CommSetupError as e:
+        res["mismatch"] = str(e)
+    loose = GlooBackend(GlooConfig(check_group_size=False)).prepare(op4, 8, torch.device("cpu"))
+    loose().wait()
+    res["loose"] = sorted(set(loose.output.tolist()))
+    # rank 1 reads a negative counter delta first (a wrap); the group must retry it together
+    res["bad_read"] = _measure(backend, [-1.0] if rank == 1 else [])
+    # rank 0's NVML read raises once: a read error on every rank, retried by both
+    res["read_error"] = _measure(backend, [OSError("NVML_ERROR_UNKNOWN")] if rank == 0 else [])
+    # rank 1's reads are bad on every try: both ranks record the candidate as failed
+    res["always_bad"] = _measure(backend, [0.0, 0.0, 0.0] if rank == 1 else [])
+    res["anchors"] = _anchors(backend, rank)
+    dist.barrier()  # both ranks get here only if neither waits in a collective the other skipped
+    res["barrier"] = True
+    backend.close()
+    with open(f"{out_dir}/{rank}.json", "w") as f:
+        json.dump(res, f)
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    import torch.multiprocessing as mp
+
+    out = tmp_path_factory.mktemp("group")
+    ctx = mp.start_processes(_worker, args=(_free_port(), str(out)), nprocs=2, join=False, start_method="spawn")
+    deadline = time.monotonic() + DEADLINE_S
+    while not ctx.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for proc in ctx.processes:
+                proc.kill()
+            pytest.fail(f"the group hung for {DEADLINE_S:.0f} s: its ranks disagreed on their collectives")
+    return [json.loads((out / f"{r}.json").read_text()) for r in range(2)]
+
+
+def test_the_backend_starts_torch_distributed_from_torchruns_environment(ranks):
+    for r in ranks:
+        assert not r["before"] and r["started"] and r["pg"] == "gloo" and r["world"] == 2
+        assert r["barrier"]
+
+
+def test_a_world_that_is_not_the_ops_group_is_a_configuration_error(ranks):
+    for r in ranks:
+        assert "all_reduce over 4 GPUs but torch.distributed has 2 ranks" in r["mismatch"]
+        assert "--nproc-per-node=4" in r["mismatch"]
+        assert r["loose"] == [0.0]  # check_group_size=False: the one-rank plumbing check's opt-out
+
+
+def test_a_bad_read_on_one_rank_is_retried_by_the_whole_group(ranks):
+    for r in ranks:
+        assert not r["bad_read"]["failed"] and "retried:1" in r["bad_read"]["flags"]
+        assert not r["read_error"]["failed"] and "retried:1" in r["read_error"]["flags"]
+
+
+def test_reads_bad_on_one_rank_fail_the_candidate_on_every_rank(ranks):
+    r0, r1 = ranks
+    assert r0["always_bad"]["failed"] and r1["always_bad"]["failed"]
+    assert r0["always_bad"]["reads"] == r1["always_bad"]["reads"] == 3
+    assert "another rank of the group read an invalid window" in r0["always_bad"]["flags"][0]
+    assert "bad energy" in r1["always_bad"]["flags"][0]
+
+
+def test_an_anchor_one_gpu_calls_for_is_taken_by_the_whole_group(ranks):
+    assert ranks[0]["anchors"] == ranks[1]["anchors"] == [2, 1, 3]
