@@ -67,9 +67,11 @@ def test_resume_measures_nothing_twice(mission_run):
     res = kareus(cwd, *MISSION, f"resume={first}", "hydra.run.dir=runs/second/run", "tracking.enabled=false",
                  timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert _journal_rows(first) == before  # every candidate answered from the journal
+    second = cwd / "runs" / "second" / "run"
+    assert _journal_rows(first) == before  # the old run is left as it was
+    assert _journal_rows(second) == before  # its own copy, every candidate answered from it
     a = json.loads((first / "search_summary.json").read_text())
-    b = json.loads((cwd / "runs" / "second" / "run" / "search_summary.json").read_text())
+    b = json.loads((second / "search_summary.json").read_text())
     assert a == b
 
 
@@ -82,3 +84,4 @@ def test_resume_under_another_config_is_refused(mission_run):
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: resume:"), res.stderr
     assert "Traceback" not in res.stderr
+    assert not (cwd / "runs" / "third").exists()  # refused before the run folder held anything

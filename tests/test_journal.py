@@ -5,6 +5,7 @@ import math
 import multiprocessing as mp
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -103,3 +104,49 @@ def test_sigkill_mid_write_leaves_a_valid_journal(tmp_path):
         n = j.count()
         assert n >= 1 and j.integrity_ok()
         assert [m.energy_j for m in j.measurements()] == [float(i) for i in range(n)]  # a prefix, none torn
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_check_refuses_what_cannot_be_resumed_and_changes_nothing(tmp_path):
+    from kareus.profiler.journal import JournalError, check_journal
+
+    with pytest.raises(JournalError, match="has no journal.sqlite"):
+        check_journal(tmp_path / "journal.sqlite", "h")
+    assert list(tmp_path.iterdir()) == []  # nothing created where the journal was looked for
+    (tmp_path / "journal.sqlite").write_text("not a database")
+    with pytest.raises(JournalError, match="not a readable Kareus journal"):
+        check_journal(tmp_path / "journal.sqlite", "h")
+    other = tmp_path / "other.sqlite"
+    with sqlite3.connect(other) as con:
+        con.execute("CREATE TABLE t (x)")
+    with pytest.raises(JournalError, match="not a readable Kareus journal"):
+        check_journal(other, "h")
+    good = tmp_path / "good" / "journal.sqlite"
+    with Journal.open(good, "aaaa") as j:
+        j.append(meas("fwd", 1), backend="sim", clock_mhz=1410, gpu_temperature_c=50.0)
+    before = _files(good.parent)
+    with pytest.raises(JournalMismatchError, match="aaaa.*bbbb"):
+        check_journal(good, "bbbb")
+    check_journal(good, "aaaa")
+    assert _files(good.parent) == before  # read-only: no bytes changed, no -wal/-shm left behind
+
+
+def test_copy_holds_the_rows_a_live_writer_has_only_in_its_wal(tmp_path):
+    from kareus.profiler.journal import copy_journal
+
+    source = tmp_path / "old" / "journal.sqlite"
+    writer = Journal.open(source, "h")
+    writer._conn.execute("PRAGMA wal_autocheckpoint = 0")  # keep the rows in the -wal file
+    for i in range(5):
+        writer.append(meas("fwd", i), backend="sim", clock_mhz=1410, gpu_temperature_c=50.0)
+    assert source.with_name("journal.sqlite-wal").stat().st_size > 0
+    copy_journal(source, tmp_path / "new" / "journal.sqlite")
+    writer.close()
+    with Journal.open(tmp_path / "new" / "journal.sqlite", "h") as copy:
+        assert copy.measurements() == [meas("fwd", i) for i in range(5)] and copy.integrity_ok()
+        copy.append(meas("fwd", 9), backend="sim", clock_mhz=1410, gpu_temperature_c=50.0)
+    with Journal.open(source, "h") as old:
+        assert old.count() == 5  # the copy is continued, the old journal is not

@@ -23,12 +23,18 @@ class RunContext:
     workload: Any | None  # kareus.workload.Workload
     partitioning: Partitioning | None
     config_hash: str
-    journal_dir: Path  # where the measurement journal lives (the run dir, or the resumed one)
 
     @property
     def simulated(self) -> bool:
         """Numbers come from the simulated GPU (and are labelled so)."""
         return self.hardware_name == "sim"
+
+    @property
+    def journal_path(self) -> Path:
+        """This run's measurement journal (a resumed run continues a copy of the old one here)."""
+        from kareus.profiler.journal import journal_path_for
+
+        return journal_path_for(self.run_dir)
 
     @property
     def hardware_name(self) -> str:
@@ -45,9 +51,11 @@ class RunContext:
 
 
 def build_context(cfg: DictConfig, typed: dict[str, Any], run_dir: Path) -> RunContext:
-    """Resolve the model and layout, build the workload graph and partition it (no measurement)."""
+    """Resolve the model and layout, build the workload graph and partition it (no measurement).
+
+    With ``resume``, the old run's journal is checked and copied here before anything is recorded.
+    """
     from kareus.config.schema import ModelConfig, ParallelConfig
-    from kareus.errors import KareusError
     from kareus.registry import PARTITIONERS, to_dataclass
     from kareus.workload import build_workload
 
@@ -58,12 +66,32 @@ def build_context(cfg: DictConfig, typed: dict[str, Any], run_dir: Path) -> RunC
     if model is not None:
         workload = build_workload(model, parallel, gpu.gpus_per_node)
         partitioning = PARTITIONERS.build(cfg.partitioner.name, config=typed["partitioner"]).partition(workload)
-    journal_dir = run_dir
+    digest = config_hash(cfg)
     if cfg.get("resume"):
-        journal_dir = Path(str(cfg.resume)).expanduser()
-        if not journal_dir.is_dir():
-            raise KareusError(f"resume: {journal_dir} is not a run directory")
+        _continue_journal(Path(str(cfg.resume)).expanduser(), run_dir, digest)
     return RunContext(cfg=cfg, typed=typed, run_dir=run_dir, gpu=gpu, model=model, parallel=parallel,
-                      workload=workload, partitioning=partitioning, config_hash=config_hash(cfg),
-                      journal_dir=journal_dir)
+                      workload=workload, partitioning=partitioning, config_hash=digest)
 
+
+def _continue_journal(old_run_dir: Path, run_dir: Path, digest: str) -> None:
+    """Check the old run's journal read-only, then copy it into ``run_dir`` to be continued there.
+
+    Every refusal is one ``resume: ...`` line, raised before the run records anything. The copy makes
+    each run directory self-contained (a chain of resumes measures nothing twice) and leaves the old
+    run exactly as it was. Resuming into the old run's own directory continues its journal in place.
+    """
+    from kareus.errors import KareusError
+    from kareus.profiler.journal import JournalError, check_journal, copy_journal, journal_path_for
+
+    if not old_run_dir.is_dir():
+        raise KareusError(f"resume: {old_run_dir} is not a run directory")
+    source, own = journal_path_for(old_run_dir), journal_path_for(run_dir)
+    try:
+        check_journal(source, digest)
+    except JournalError as err:
+        raise KareusError(f"resume: {err}") from None
+    if own.exists():
+        if own.resolve() == source.resolve():
+            return
+        raise KareusError(f"resume: {run_dir} already has a journal; resume into a new run directory")
+    copy_journal(source, own)

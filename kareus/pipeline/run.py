@@ -67,7 +67,7 @@ def _search_and_plan(ctx: RunContext, console: Console, compose: bool) -> dict[s
             with progress:
                 results = run_searches(ctx, tasks, listeners=[progress])
         except JournalMismatchError as err:
-            raise KareusError(f"resume: {err}") from None
+            raise KareusError(f"journal: {err}") from None
         search_summary = write_search_outputs(ctx.run_dir, results, sizes)
         profiled = sum(len(r.measurements) for r in results)
         gpu_seconds = sum(r.gpu_seconds for r in results)
@@ -84,11 +84,10 @@ def _compose_and_plan(ctx: RunContext, console: Console, backend: Any, results: 
     from kareus.pipeline.composing import compose, measure_fixed_work
     from kareus.plan import PlanSelectionError, frontier_table, make_plans, select_plan, write_run_outputs
     from kareus.profiler import Journal, Profiler, ProfilerConfig
-    from kareus.profiler.journal import journal_path_for
     from kareus.registry import to_dataclass
     from kareus.tracking import summary_metrics
 
-    journal = Journal.open(journal_path_for(ctx.journal_dir), ctx.config_hash)
+    journal = Journal.open(ctx.journal_path, ctx.config_hash)
     started = backend.now()
     try:
         with Profiler(to_dataclass(ProfilerConfig, ctx.typed["profiler"]), backend, journal) as profiler:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from kareus.launch import PartitionSearchTask, journal_path_for
+from kareus.launch import PartitionSearchTask
 from kareus.pipeline.context import RunContext
 from kareus.registry import HARDWARE, LAUNCHERS
 from kareus.search import build_space
@@ -40,7 +40,7 @@ def make_backend(ctx: RunContext) -> Any:
 def make_tasks(ctx: RunContext, partitions: Sequence[PartitionType],
                listener_factories: Callable[[PartitionType], list[Any]]) -> list[PartitionSearchTask]:
     hardware, search, profiler = ctx.section("hardware"), ctx.section("search"), ctx.section("profiler")
-    journal = str(journal_path_for(ctx.journal_dir))
+    journal = str(ctx.journal_path)
     return [PartitionSearchTask(partition=p, hardware=hardware, search=search, profiler=profiler,
                                 seed=int(ctx.cfg.seed), journal_path=journal, config_hash=ctx.config_hash,
                                 listener_factories=listener_factories(p))

@@ -5,6 +5,8 @@ several processes (the ``process`` and ``ray`` launchers' workers) can append to
 (writers serialise on SQLite's lock; ``busy_timeout`` makes them wait instead of failing).
 Rows are append-only: a candidate measured twice shows up twice, so tests can prove it never is.
 The file remembers the config hash it was created with; opening it with another hash is refused.
+A resumed run checks the old journal read-only and continues a copy of it in its own run directory,
+so every run directory holds every measurement it used and an old run is never written to again.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import math
 import os
 import sqlite3
 import time
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterator
@@ -22,8 +25,18 @@ from kareus.types import Candidate, Measurement, Reading
 JOURNAL_NAME = "journal.sqlite"
 
 
-class JournalMismatchError(RuntimeError):
+class JournalError(RuntimeError):
+    """A journal that cannot be continued: missing, unreadable, or not a Kareus journal."""
+
+
+class JournalMismatchError(JournalError):
     """The journal was written under a different config; resuming it would mix incomparable numbers."""
+
+
+def _mismatch(path: Path, found: str, config_hash: str) -> JournalMismatchError:
+    return JournalMismatchError(
+        f"journal {path} was written with config hash {found}, this run has {config_hash}: "
+        f"resume only with the same config, or start a new run directory")
 
 
 def journal_path_for(run_dir: str | os.PathLike[str], partition: str | None = None) -> Path:
@@ -89,15 +102,14 @@ class Journal:
             if row is None:
                 conn.execute("INSERT INTO meta (key, value) VALUES ('config_hash', ?)", (config_hash,))
             conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
+        except BaseException:  # a signal may land after COMMIT: only roll back what is still open
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
             conn.close()
             raise
         if row is not None and row[0] != config_hash:
             conn.close()
-            raise JournalMismatchError(
-                f"journal {p} was written with config hash {row[0]}, this run has {config_hash}: "
-                f"resume only with the same config, or start a new run directory")
+            raise _mismatch(p, row[0], config_hash)
         return cls(conn, p, config_hash)
 
     # -- writing ---------------------------------------------------------------------------------
@@ -184,3 +196,54 @@ class Journal:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+@contextmanager
+def _read_only(path: Path) -> Iterator[sqlite3.Connection]:
+    """A read-only connection that leaves the folder as it found it.
+
+    Reading a WAL database makes SQLite create the ``-wal`` and ``-shm`` side files, which a read-only
+    connection cannot remove on close; the ones this call created (the ``-wal`` still empty) are removed.
+    """
+    wal, shm = (path.with_name(path.name + suffix) for suffix in ("-wal", "-shm"))
+    created = [side for side in (wal, shm) if not side.exists()]
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        yield conn
+    finally:
+        conn.close()
+        if not (wal in created and wal.exists() and wal.stat().st_size):  # content: a writer came by
+            for side in created:
+                side.unlink(missing_ok=True)
+
+
+def check_journal(path: str | os.PathLike[str], config_hash: str) -> None:
+    """Refuse (:class:`JournalError`) a journal that is missing, not a Kareus journal, or of another config.
+
+    Read-only: checking a run that is to be resumed must not change it.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise JournalError(f"{p.parent} has no {p.name}: not the directory of a run that measured anything")
+    try:
+        with _read_only(p) as conn:
+            row = conn.execute("SELECT value FROM meta WHERE key = 'config_hash'").fetchone()
+            conn.execute("SELECT COUNT(*) FROM measurements").fetchone()
+    except sqlite3.Error as err:
+        raise JournalError(f"{p} is not a readable Kareus journal ({err})") from None
+    if row is None:
+        raise JournalError(f"{p} is not a Kareus journal (it records no config hash)")
+    if row[0] != config_hash:
+        raise _mismatch(p, row[0], config_hash)
+
+
+def copy_journal(source: str | os.PathLike[str], dest: str | os.PathLike[str]) -> None:
+    """Copy a journal with SQLite's backup API: a consistent snapshot, WAL content included."""
+    d = Path(dest)
+    d.parent.mkdir(parents=True, exist_ok=True)
+    with _read_only(Path(source)) as src:
+        target = sqlite3.connect(str(d))
+        try:
+            src.backup(target)
+        finally:
+            target.close()

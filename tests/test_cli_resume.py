@@ -1,0 +1,83 @@
+"""``resume=<run dir>`` from the command line: a run that cannot be continued is refused before anything
+is recorded, and every run directory holds its own whole journal, so resumes chain and never re-measure."""
+from __future__ import annotations
+
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+from kareus.profiler import Journal
+from test_cli_errors import error_lines, kareus, left_behind
+
+pytestmark = pytest.mark.slow
+
+TINY = ["+model=tiny", "parallel=pp1_tp2", "progress=false"]
+
+
+def _rows(run_dir: Path) -> int:
+    """Rows of a run's journal, none of them a candidate measured twice (the file is left closed)."""
+    with closing(sqlite3.connect(run_dir / "journal.sqlite")) as con:
+        [(digest,)] = con.execute("SELECT value FROM meta WHERE key = 'config_hash'").fetchall()
+    with Journal.open(run_dir / "journal.sqlite", digest) as journal:
+        assert journal.duplicates() == []
+        return journal.count()
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def first(tmp_path_factory) -> Path:
+    cwd = tmp_path_factory.mktemp("resume")
+    res = kareus(cwd, *TINY, "hydra.run.dir=runs/a", "tracking.enabled=false", timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    return cwd / "runs" / "a"
+
+
+def test_resumes_chain_each_run_dir_holds_its_whole_journal(first):
+    cwd = first.parents[1]
+    rows = _rows(first)
+    before = _files(first)
+    for old, new in (("a", "b"), ("b", "c")):
+        res = kareus(cwd, *TINY, f"resume=runs/{old}", f"hydra.run.dir=runs/{new}", "tracking.enabled=false",
+                     timeout=600)
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+        assert _rows(cwd / "runs" / new) == rows  # every candidate answered from its own copied journal
+    assert _files(first) == before  # the old run is never written to, not even a -wal file
+    assert (cwd / "runs" / "c" / "search_summary.json").read_text() == \
+        (cwd / "runs" / "b" / "search_summary.json").read_text()
+
+
+def _broken(folder: Path) -> Path:
+    folder.mkdir()
+    (folder / "journal.sqlite").write_text("not a database")
+    return folder
+
+
+def _foreign(folder: Path) -> Path:
+    folder.mkdir()
+    (folder / "notes.txt").write_text("someone else's folder")
+    return folder
+
+
+@pytest.mark.parametrize("make, extra, says", [
+    (lambda d: d / "nowhere", [], "is not a run directory"),
+    (_foreign, [], "has no journal.sqlite"),
+    (_broken, [], "is not a readable Kareus journal"),
+    (None, ["search.budget_frac=0.3"], "was written with config hash"),
+])
+def test_a_resume_that_cannot_continue_is_refused_before_anything_is_recorded(first, tmp_path, make, extra, says):
+    target = first if make is None else make(tmp_path / "old")
+    before = _files(target) if target.exists() else {}
+    work = tmp_path / "work"
+    work.mkdir()
+    res = kareus(work, *TINY, f"resume={target}", *extra, timeout=300)  # tracking on: no MLflow run either
+    out = res.stdout + res.stderr
+    assert res.returncode == 2 and "Traceback" not in out, out[-2000:]
+    lines = error_lines(res.stderr)
+    assert len(lines) == 1 and lines[0].startswith("error: resume: ") and says in lines[0], lines
+    assert left_behind(work) == []  # no run folder, no MLflow store
+    assert (_files(target) if target.exists() else {}) == before  # no journal made in a foreign folder
