@@ -1,8 +1,11 @@
 """``python -m kareus``: compose the config with Hydra, validate it, and run the chosen mode."""
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -11,9 +14,45 @@ from kareus.components import register_all
 register_all()
 
 import hydra  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
+from hydra.experimental.callback import Callback  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from kareus.config.overrides import CONFIG_MODULE, CONFIG_NAME, override_problems  # noqa: E402
+
+
+@dataclass
+class _Job:
+    """What this process knows about its Hydra job, for cleaning up after a refusal or a stop."""
+
+    made: Path | None = None  # the outermost folder this invocation created for its run directory
+    run_dir: Path | None = None
+
+
+_JOB = _Job()
+
+
+class RunDirCallback(Callback):
+    """Notes, before Hydra creates it, which part of the run (or sweep) directory is new.
+
+    A refused run removes only folders it made: never one that was there before, such as the
+    working directory with ``hydra.run.dir=.``.
+    """
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _JOB.made = _first_missing(Path(str(OmegaConf.select(config, "hydra.run.dir"))))
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _JOB.made = _first_missing(Path(str(OmegaConf.select(config, "hydra.sweep.dir"))))
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The outermost folder on the way to ``path`` that does not exist yet; None if ``path`` exists."""
+    path = Path(os.path.abspath(path))
+    if path.exists():
+        return None
+    while not path.parent.exists():
+        path = path.parent
+    return path
 
 
 def _run_dir() -> Path:
@@ -23,7 +62,7 @@ def _run_dir() -> Path:
 
 
 def _fail(lines: list[str], run_dir: Path | None) -> NoReturn:
-    """Print one line per problem, remove the job folder if it holds only Hydra's files, exit 2."""
+    """Print one line per problem, remove the job folder if this job made it for nothing, exit 2."""
     for line in lines:
         print(f"error: {line}", file=sys.stderr)
     if run_dir is not None:
@@ -32,23 +71,27 @@ def _fail(lines: list[str], run_dir: Path | None) -> NoReturn:
 
 
 def _remove_job_dir(run_dir: Path) -> None:
-    """Delete a refused job's folder (only Hydra's own files in it) and its parents left empty."""
+    """Delete a refused job's folder if this job made it and it holds only Hydra's own files, then the
+    folders above it that this job made and left empty; never the working directory or its parents."""
     from hydra.core.hydra_config import HydraConfig
 
-    if not run_dir.exists():
+    run_dir = Path(os.path.abspath(run_dir))
+    made, cwd = _JOB.made, Path(os.path.abspath(HydraConfig.get().runtime.cwd))
+    if made is None or not run_dir.is_dir() or (run_dir != made and made not in run_dir.parents):
+        return
+    if run_dir == cwd or run_dir in cwd.parents:
         return
     hydra_files = {".hydra", f"{HydraConfig.get().job.name}.log"}
     if not {p.name for p in run_dir.iterdir()} <= hydra_files:
         return
     shutil.rmtree(run_dir, ignore_errors=True)
-    try:
-        rel = run_dir.resolve().relative_to(Path.cwd().resolve())
-    except ValueError:
-        return  # outside the working directory: leave its parents alone
-    for parent in (Path.cwd() / rel).parents:
-        if parent.resolve() == Path.cwd().resolve() or any(parent.iterdir()):
+    for parent in run_dir.parents:
+        if parent != made and made not in parent.parents:
             break
-        parent.rmdir()
+        try:
+            parent.rmdir()  # only when empty: another job may be writing beside this one
+        except OSError:
+            break
 
 
 def _group_options(group: str) -> list[str]:
@@ -57,22 +100,38 @@ def _group_options(group: str) -> list[str]:
     return sorted(GlobalHydra.instance().config_loader().get_group_options(group))
 
 
-def app(cfg: DictConfig) -> Any:
-    """The Hydra task: validate everything first, then run the mode."""
+def _checked(cfg: DictConfig) -> tuple[dict[str, Any] | None, list[str]]:
+    """(typed sections, []) for a config that can run, else (None, one line per problem)."""
     from kareus.config.validate import ConfigError, validate
+    from kareus.tracking.store import reachability_problem
 
-    run_dir = _run_dir()
     try:
         typed = validate(cfg)
     except ConfigError as err:
-        lines = list(err.problems)
-        if any(line.startswith("model: no model selected") for line in lines):
-            models = ", ".join(_group_options("model"))
-            lines = [f"model: no model selected; add +model=NAME with NAME one of: {models}"
-                     if line.startswith("model: no model selected") else line for line in lines]
-        _fail(lines, run_dir)
-    from kareus.pipeline import run_mode
+        models = ", ".join(_group_options("model"))
+        return None, [f"model: no model selected; add +model=NAME with NAME one of: {models}"
+                      if line.startswith("model: no model selected") else line for line in err.problems]
+    tracking = typed["tracking"]
+    if tracking.enabled and str(getattr(cfg.mode, "value", cfg.mode)) != "describe":
+        problem = reachability_problem(tracking.uri)
+        if problem:
+            return None, [f"tracking.uri: {problem}"]
+    return typed, []
+
+
+def _problems(cfg: DictConfig) -> list[str]:
+    return _checked(cfg)[1]
+
+
+def app(cfg: DictConfig) -> Any:
+    """The Hydra task: validate everything first, then run the mode."""
+    run_dir = _run_dir()
+    _JOB.run_dir = run_dir
+    typed, problems = _checked(cfg)
+    if typed is None:
+        _fail(problems, run_dir)
     from kareus.errors import KareusError
+    from kareus.pipeline import run_mode
 
     try:
         return run_mode(cfg, typed, run_dir)
@@ -85,12 +144,35 @@ def _hydra_main(cfg: DictConfig) -> Any:
     return app(cfg)
 
 
+def _stopped(why: str) -> str:
+    """``interrupted; continue with resume=<run dir>`` when the run has a journal to continue."""
+    from kareus.profiler.journal import journal_path_for
+
+    run_dir = _JOB.run_dir
+    if run_dir is None or not journal_path_for(run_dir).is_file():
+        return why
+    return f"{why}; continue with resume={run_dir}"
+
+
+def _terminate(signum: int, frame: Any) -> NoReturn:
+    """SIGTERM as an exit, so open MLflow runs are closed (KILLED) and exit hooks run."""
+    print(_stopped("terminated"), file=sys.stderr)
+    raise SystemExit(128 + signal.SIGTERM)
+
+
 def main() -> None:
     """Console entry point (``kareus`` and ``python -m kareus``)."""
-    problems = override_problems(sys.argv[1:])
+    problems = override_problems(sys.argv[1:], _problems)
     if problems:
         _fail(problems, None)
-    _hydra_main()
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        _hydra_main()
+    except KeyboardInterrupt:
+        print(_stopped("interrupted"), file=sys.stderr)
+        sys.exit(130)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -132,3 +132,93 @@ def test_describe_prints_the_partition_table(tmp_path):
     for key in ("fwd_attn", "fwd_mlp", "bwd_attn", "bwd_mlp"):
         assert key in res.stdout
     assert "total search space:" in res.stdout
+    assert [p.name for p in tmp_path.glob("runs/*/*/*.log")] == ["kareus.log"]
+
+
+def test_help_names_kareus_not_the_module():
+    res = kareus(Path.cwd(), "--help")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("kareus") and "cli is powered by Hydra" not in res.stdout
+    assert "+model=NAME" in res.stdout
+
+
+@pytest.mark.parametrize("args, line", [
+    (["model=qwen1.7b"], "Could not override 'model'. No match in the defaults list. "
+                         "To append to your default list use +model=qwen1.7b"),
+    (["+model=qwen1.7b", "search=null"], "search=null: a config group needs an option; "
+                                         "allowed: artifact, exhaustive, mbo, nsga2, qnehvi, random, tpe"),
+])
+def test_hydra_refusals_keep_their_hint_on_one_line(args, line):
+    assert override_problems(args) == [line]
+
+
+@pytest.mark.parametrize("body, line", [
+    ("num_layrs: 4", "model.num_layrs: unknown key; known: "),
+    ("num_layers: 4\nhidden_size: big", "model.hidden_size: 'big' is not an integer (in model/mine)"),
+])
+def test_an_error_inside_a_users_yaml_names_the_key_and_the_file(tmp_path, body, line):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "mine.yaml").write_text(f"name: mine\n{body}\n")
+    [got] = override_problems(["--config-dir", str(tmp_path), "+model=mine"])
+    assert got.startswith(line) and got.endswith("(in model/mine)"), got
+
+
+@pytest.mark.parametrize("args, first", [
+    (["--config-dir", "no_such_conf", "+model=qwen1.7b"], "error: --config-dir: "),
+    (["+model=qwen1.7b", "search=null"], "error: search=null: a config group needs an option"),
+    (["+model=tiny", "parallel=pp1_tp2", "tracking.uri="], "error: tracking.uri: empty"),
+])
+def test_refused_with_one_line_exit_2_nothing_written(tmp_path, args, first):
+    res = kareus(tmp_path, *args)
+    out = res.stdout + res.stderr
+    assert res.returncode == 2 and "Traceback" not in out, out
+    lines = error_lines(res.stderr)
+    assert len(lines) == 1 and lines[0].startswith(first), lines
+    assert left_behind(tmp_path) == [] and not (tmp_path / "mlflow.db").exists()
+
+
+def test_a_dead_tracking_server_is_refused_at_once(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    res = kareus(tmp_path, "+model=tiny", "parallel=pp1_tp2", f"tracking.uri=http://127.0.0.1:{port}", timeout=60)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert error_lines(res.stderr) == [l for l in error_lines(res.stderr)
+                                       if l.startswith(f"error: tracking.uri: cannot reach http://127.0.0.1:{port}")]
+    assert len(error_lines(res.stderr)) == 1 and left_behind(tmp_path) == []
+
+
+def test_a_sweep_with_a_bad_job_is_refused_before_any_job_runs(tmp_path):
+    res = kareus(tmp_path, "-m", *MISSION, "search.budget_frac=1.5,0.05")
+    out = res.stdout + res.stderr
+    assert res.returncode == 2 and "Traceback" not in out, out
+    lines = error_lines(res.stderr)
+    assert len(lines) == 1 and lines[0].startswith("error: job 0 (search.budget_frac=1.5): search.budget_frac"), lines
+    assert left_behind(tmp_path) == []  # no sweep folder, no MLflow store
+
+
+def test_every_sweep_job_is_composed_and_named():
+    lines = override_problems(["-m", *MISSION, "search=mbo,nope", "search.kappa=0.1,0.2"])
+    assert lines == [f"job {n} (search=nope search.kappa={k}): search=nope: no such option; allowed: artifact, "
+                     "exhaustive, mbo, nsga2, qnehvi, random, tpe" for n, k in ((2, "0.1"), (3, "0.2"))]
+
+
+def test_a_refused_run_in_the_working_folder_leaves_the_folder(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    res = kareus(work, *MISSION, "parallel.tp=3", "hydra.run.dir=.")
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert work.is_dir() and tmp_path.is_dir()
+
+
+def test_a_refused_run_removes_only_the_folders_it_made(tmp_path):
+    res = kareus(tmp_path, *MISSION, "parallel.tp=3", "hydra.job.chdir=true")
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert tmp_path.is_dir() and not (tmp_path / "runs").exists()  # no empty runs/<date>/ either
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "runs").mkdir()
+    res = kareus(tmp_path, *MISSION, "parallel.tp=3", "hydra.run.dir=mine")
+    assert res.returncode == 2
+    assert (tmp_path / "mine").is_dir() and (tmp_path / "runs").is_dir()  # they were there before

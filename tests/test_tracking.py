@@ -277,3 +277,62 @@ def test_frontier_rows_spell_out_payload_knobs():
     assert rows == [{"rank": 0, "time_s": 1.0, "energy_j": 2.0, "objective": "dynamic", "payload_energy_j": 3.0,
                      "choices.fwd_attn.partition": "fwd_attn", "choices.fwd_attn.slot": "attn_0",
                      "choices.fwd_attn.sms": 8, "choices.fwd_attn.freq_mhz": 1290}]
+
+
+def test_run_records_the_commit_of_the_installed_checkout_not_of_the_working_folder(store, client):
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode != 0:
+        pytest.skip("kareus is not installed from a git checkout here")
+    assert subprocess.run(["git", "-C", str(store), "rev-parse", "HEAD"], capture_output=True).returncode != 0
+    tracker = Tracker(TrackingConfig(), base=store)  # the working folder: not a checkout
+    with tracker:
+        run_id = tracker.start(RESOLVED, CHOICES, [])
+    tags = client.get_run(run_id).data.tags
+    assert tags["git.commit"] == head.stdout.strip() and tags["git.dirty"] in ("true", "false")
+
+
+def test_an_exit_while_recording_closes_the_run_as_killed(store, client):
+    tracker = Tracker(TrackingConfig(), base=store)
+    with pytest.raises(SystemExit):
+        with tracker:  # the CLI turns SIGTERM into SystemExit(143)
+            run_id = tracker.start(RESOLVED, CHOICES, [])
+            tracker.partition_listener_factory("fwd_attn")()(search_events("fwd_attn")[0])
+            raise SystemExit(143)
+    runs = client.search_runs([client.get_run(run_id).info.experiment_id],
+                              filter_string=f"tags.`mlflow.parentRunId` = '{run_id}'")
+    assert client.get_run(run_id).info.status == "KILLED"
+    assert runs and {r.info.status for r in runs} == {"KILLED"}
+
+
+def test_empty_uri_is_refused_and_a_dead_server_is_named_at_once():
+    import socket
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from kareus.tracking.store import reachability_problem
+
+    assert TrackingConfig(uri="").problems()[0].startswith("tracking.uri: empty")
+    assert TrackingConfig(uri="", enabled=False).problems() == []
+    assert TrackingConfig().problems() == []
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]  # nothing listens once the socket closes
+    assert "cannot reach http://127.0.0.1:" in reachability_problem(f"http://127.0.0.1:{closed}", timeout_s=2.0)
+
+    class NotFound(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # any HTTP answer means a server is there
+            self.send_error(404)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        assert reachability_problem(f"http://127.0.0.1:{server.server_address[1]}", timeout_s=5.0) is None
+    finally:
+        server.shutdown()
+    assert reachability_problem("sqlite:///runs/mlflow.db") is None

@@ -100,3 +100,5 @@ def test_a_failing_job_leaves_the_sweep_run_failed_not_running(tmp_path):
     sweeps = [r for r in runs if r.data.tags["kareus.kind"] == "sweep"]
     assert len(sweeps) == 1 and sweeps[0].info.status == "FAILED"
     assert all(r.info.status != "RUNNING" for r in runs)
+    # the failing job raised before it opened an MLflow run: Hydra's jobs are counted, not child runs
+    assert sweeps[0].data.metrics["jobs"] == 2 and sweeps[0].data.metrics["jobs_failed"] == 1

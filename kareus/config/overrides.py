@@ -3,40 +3,61 @@
 Hydra reports a bad override (an unknown option, a value its schema refuses, a typo in a key) as a
 multi-line message and exit 1. Composing first turns each into one line that names the key and what it
 allows, so a refused run looks like every other refused run: ``error: ...`` and exit 2, nothing written.
-Calls this cannot mirror exactly (multirun, sweeps, Hydra's own flags other than ``--config-dir``) are
-left to Hydra.
+A sweep (``-m`` with Hydra's basic sweeper) is expanded into its jobs and every job is composed and
+checked before the first one starts, so a sweep never stops half way on a config error. Calls this
+cannot mirror exactly (other sweepers, Hydra's own flags other than ``--config-dir``) are left to Hydra.
 """
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 CONFIG_MODULE = "kareus.conf"
 CONFIG_NAME = "config"
 _CONFIG_DIR_FLAGS = ("--config-dir", "-cd")
+_MULTIRUN_FLAGS = ("--multirun", "-m")
+_BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+_HINTS = ("To ", "Did you mean")  # Hydra's second lines that tell the user what to type instead
+
+JobCheck = Callable[[Any], list[str]]  # a composed job config -> its problems, one line each
+
+
+@dataclass
+class _Call:
+    overrides: list[str] = field(default_factory=list)
+    config_dirs: list[str] = field(default_factory=list)
+    multirun: bool = False
 
 
 def _first_line(text: str) -> str:
     return text.strip().splitlines()[0].strip() if text.strip() else text
 
 
-def _split_args(argv: Sequence[str]) -> tuple[list[str], list[str]] | None:
-    """(overrides, extra search-path overrides); None when a flag other than --config-dir is present."""
-    overrides: list[str] = []
-    extra: list[str] = []
+def _split_args(argv: Sequence[str]) -> _Call | None:
+    """Overrides, ``--config-dir`` folders and ``-m``; None when another of Hydra's flags is present."""
+    call = _Call()
     it = iter(argv)
     for arg in it:
         if arg in _CONFIG_DIR_FLAGS or any(arg.startswith(f + "=") for f in _CONFIG_DIR_FLAGS):
             value = arg.split("=", 1)[1] if "=" in arg else next(it, None)
             if value is None:
                 return None
-            extra.append(value)
+            call.config_dirs.append(value)
+        elif arg in _MULTIRUN_FLAGS:
+            call.multirun = True
         elif arg.startswith("-"):
             return None
         else:
-            overrides.append(arg)
-    return overrides, extra
+            call.overrides.append(arg)
+    return call
+
+
+def _with_hint(text: str) -> str:
+    """The first line of Hydra's message, with the hint line that says what to type instead."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return " ".join([lines[0], *(ln for ln in lines[1:] if ln.startswith(_HINTS))]) if lines else text
 
 
 def _message(err: Exception) -> str:
@@ -52,11 +73,13 @@ def _message(err: Exception) -> str:
         if err.options:
             return f"{group}={option}: no such option; allowed: {', '.join(err.options)}"
         return _first_line(str(err))
-    cause = err.__cause__
+    cause = err.__cause__ or err.__context__  # Hydra chains a user YAML's OmegaConf error implicitly
+    where = re.match(r"In '([^']+)': ", str(err))
+    source = f" (in {where.group(1)})" if where else ""
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
         known = sorted(str(k) for k in cause.parent_node.keys()) if cause.parent_node is not None else []
         hint = f"; known: {', '.join(known)}" if known else ""
-        return f"{cause.full_key}: unknown key{hint}"
+        return f"{cause.full_key}: unknown key{hint}{source}"
     if isinstance(cause, ValidationError):
         text = _first_line(cause.msg)
         converted = re.match(r"Value '(.*)' of type '\w+' could not be converted to (\w+)", text)
@@ -68,42 +91,104 @@ def _message(err: Exception) -> str:
         elif text.startswith("Invalid value") and "expected one of [" in text:
             value, allowed = text.split(", expected one of [", 1)
             text = f"{value.replace('Invalid value', 'invalid value')}; allowed: {allowed.rstrip(']')}"
-        return f"{cause.full_key}: {text}"
-    return _first_line(str(err))
+        return f"{cause.full_key}: {text}{source}"
+    return _with_hint(str(err))
 
 
-def override_problems(argv: Sequence[str]) -> list[str]:
-    """Error lines for command-line overrides that would not compose; [] if they do or if Hydra decides."""
-    split = _split_args(argv)
-    if split is None:
+def override_problems(argv: Sequence[str], check: JobCheck | None = None) -> list[str]:
+    """Error lines for a call that would not compose; [] if it does or if Hydra decides.
+
+    A sweep's jobs are each composed and given to ``check`` (e.g. the cross-field rules); their lines
+    name the job by its swept values.
+    """
+    call = _split_args(argv)
+    if call is None:
         return []
-    overrides, config_dirs = split
-    from hydra import compose, initialize_config_module
+    missing = [d for d in call.config_dirs if not Path(d).is_dir()]
+    if missing:
+        return [f"--config-dir: {Path(d).resolve()} is not a folder" for d in missing]
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException, OverrideParseException
-    from omegaconf.errors import OmegaConfBaseException
+    from hydra.errors import OverrideParseException
 
     from kareus.components import register_all
 
     register_all()  # the schemas Hydra composes against
-
     try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
+        parsed = OverridesParser.create().parse_overrides(call.overrides)
     except OverrideParseException as err:
         return [_message(err)]
     if any(o.key_or_group == "hydra.mode" for o in parsed):
         return []  # hydra.mode=MULTIRUN is multirun without -m: Hydra's call
     sweeps = [o.input_line for o in parsed if o.is_sweep_override()]
-    if sweeps:
+    if sweeps and not call.multirun:
         return [f"{sweeps[0]}: a sweep runs only with --multirun (-m); add it, or give one value"]
-    if config_dirs:
+    overrides = call.overrides
+    if call.config_dirs:
         if any(o.key_or_group == "hydra.searchpath" for o in parsed):
             return []
-        paths = ",".join(f"file://{Path(d).resolve()}" for d in config_dirs)
+        paths = ",".join(f"file://{Path(d).resolve()}" for d in call.config_dirs)
         overrides = [*overrides, f"hydra.searchpath=[{paths}]"]
+    from hydra import initialize_config_module
+
+    with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
+        return _sweep_problems(overrides, check) if call.multirun else _compose(overrides)[1]
+
+
+def _compose(overrides: list[str], hydra: bool = True) -> tuple[Any, list[str]]:
+    """(config, []) or (None, [the composition error as one line])."""
+    from hydra import compose
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
     try:
-        with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
-            compose(CONFIG_NAME, overrides=overrides, return_hydra_config=True)
+        return compose(CONFIG_NAME, overrides=overrides, return_hydra_config=hydra), []
     except (HydraException, OmegaConfBaseException) as err:
+        return None, [_message(err)]
+    except ValueError as err:  # e.g. ``search=null``: Hydra refuses a group choice of null this way
+        return None, [_null_choice(overrides) or _first_line(str(err))]
+
+
+def _null_choice(overrides: list[str]) -> str | None:
+    """``search=null``: name the group and its options (Hydra's ValueError names neither)."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    loader = GlobalHydra.instance().config_loader()
+    for o in OverridesParser.create().parse_overrides(overrides):
+        null = o.value() is None and not o.is_delete()
+        options = sorted(loader.get_group_options(o.key_or_group)) if null else []
+        if options:
+            return f"{o.input_line}: a config group needs an option; allowed: {', '.join(options)}"
+    return None
+
+
+def _sweep_problems(overrides: list[str], check: JobCheck | None) -> list[str]:
+    """Every job of a basic-sweeper sweep, composed and checked; lines name the job's swept values."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    fixed = [o.input_line for o in OverridesParser.create().parse_overrides(overrides) if not o.is_sweep_override()]
+    base, problems = _compose(fixed)
+    if problems:
+        return problems
+    sweeper = base.hydra.sweeper
+    if sweeper.get("_target_") != _BASIC_SWEEPER:
+        return []  # another sweeper chooses its jobs as it goes
+    params = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
+    parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
+    try:
+        parsed = parser.parse_overrides([*params, *overrides])
+        jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+    except HydraException as err:
         return [_message(err)]
-    return []
+    swept = {o.get_key_element() for o in parsed if o.is_sweep_override()}
+    lines = []
+    for num, job in enumerate(jobs):
+        label = " ".join(j for j in job if j.partition("=")[0] in swept) or " ".join(job)
+        cfg, problems = _compose(job, hydra=False)
+        if not problems and check is not None:
+            problems = check(cfg)
+        lines += [f"job {num} ({label}): {line}" for line in problems]
+    return lines

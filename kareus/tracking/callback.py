@@ -4,7 +4,8 @@ The store and experiment are created here, once, before any job starts, so jobs 
 parallel never initialise SQLite concurrently. The parent id reaches the jobs through an environment
 variable (inherited by launcher processes) and a file in the sweep directory. When a job raises,
 Hydra re-raises it and skips ``on_multirun_end``; an exit hook then closes the sweep run as FAILED
-instead of leaving it RUNNING.
+instead of leaving it RUNNING. ``jobs`` and ``jobs_failed`` count Hydra's jobs (a job that failed
+before it opened an MLflow run counts too); a job started but never ended counts as failed.
 """
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ class MlflowSweepCallback(Callback):
         self._client = None
         self._experiment_id: str | None = None
         self._previous_env: str | None = None
+        self._started = 0
+        self._completed = 0
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
         tracking = as_tracking_config(config.get("tracking")) if "tracking" in config else None
@@ -46,7 +49,7 @@ class MlflowSweepCallback(Callback):
         tags = {KIND_TAG: "sweep", "sweep.dir": str(sweep_dir), **records.override_tags(overrides)}
         from kareus.tracking.tracker import _user, git_state
 
-        tags.update({"mlflow.user": _user(), **git_state(cwd)})
+        tags.update({"mlflow.user": _user(), **git_state()})
         name = "sweep " + (" ".join(overrides) if overrides else sweep_dir.name)
         run = retry(self._client.create_run, self._experiment_id, run_name=records.truncate(name, 250), tags=tags)
         self.run_id = run.info.run_id
@@ -57,6 +60,14 @@ class MlflowSweepCallback(Callback):
         atexit.register(self._finish, aborted=True)
         log.info("MLflow sweep run %s", self.run_id)
 
+    def on_job_start(self, config: Any, **kwargs: Any) -> None:
+        self._started += 1
+
+    def on_job_end(self, config: Any, job_return: Any = None, **kwargs: Any) -> None:
+        from hydra.core.utils import JobStatus
+
+        self._completed += int(job_return is not None and job_return.status == JobStatus.COMPLETED)
+
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         self._finish(aborted=False)
 
@@ -65,16 +76,15 @@ class MlflowSweepCallback(Callback):
         if self.run_id is None:
             return
         children = retry(self._client.search_runs, [self._experiment_id],
-                         filter_string=f"tags.`{PARENT_TAG}` = '{self.run_id}'", max_results=10000)
-        statuses = [c.info.status for c in children]
+                         filter_string=f"tags.`{PARENT_TAG}` = '{self.run_id}' and attributes.status = 'RUNNING'",
+                         max_results=10000)
         for child in children:  # a job whose process died never closed its run
-            if child.info.status == "RUNNING":
-                retry(self._client.set_terminated, child.info.run_id, "FAILED")
-        failed = sum(s in ("FAILED", "KILLED", "RUNNING") for s in statuses)
+            retry(self._client.set_terminated, child.info.run_id, "FAILED")
+        failed = self._started - self._completed
         from mlflow.entities import Metric
 
         retry(self._client.log_batch, self.run_id,
-              metrics=[Metric("jobs", float(len(statuses)), 0, 0), Metric("jobs_failed", float(failed), 0, 0)])
+              metrics=[Metric("jobs", float(self._started), 0, 0), Metric("jobs_failed", float(failed), 0, 0)])
         retry(self._client.set_terminated, self.run_id, "FAILED" if failed or aborted else "FINISHED")
         if self._previous_env is None:
             os.environ.pop(ENV_PARENT_RUN, None)

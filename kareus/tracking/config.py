@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from kareus.config.store import register_schema
 
@@ -26,6 +26,13 @@ class TrackingConfig:
     flush_interval_s: float = 1.0  # candidate metrics are written at most this often (SQLite commits cost)
     plots: bool = True  # PNG plots of frontiers and hypervolume
     telemetry: bool = False  # MLflow's own usage telemetry; off unless asked for
+
+    def problems(self, ctx: Any = None) -> list[str]:
+        """An empty ``uri`` would make MLflow pick ./mlflow.db (or $MLFLOW_TRACKING_URI) silently."""
+        if self.enabled and not str(self.uri or "").strip():
+            return ["tracking.uri: empty; give a store (default sqlite:///runs/mlflow.db) or a server "
+                    "http://HOST:PORT, or set tracking.enabled=false"]
+        return []
 
 
 register_schema("tracking", "default", TrackingConfig)

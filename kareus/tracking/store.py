@@ -7,6 +7,7 @@ serialised by a file lock) and :func:`retry` (bounded back-off on lock errors).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import random
@@ -64,6 +65,29 @@ def import_mlflow(telemetry: bool = False):
 
 def is_remote(uri: str) -> bool:
     return urlparse(uri).scheme in _REMOTE_SCHEMES
+
+
+@functools.lru_cache(maxsize=None)
+def reachability_problem(uri: str, timeout_s: float = 5.0) -> str | None:
+    """Why an http(s) tracking server cannot be reached (None if it answers, or for other stores).
+
+    One short request before the run starts: MLflow's client would otherwise retry for minutes and
+    fail mid-run with a long traceback. Any HTTP answer, even an error status, counts as reachable.
+    Cached: the jobs of a sweep share one answer.
+    """
+    import urllib.error
+    import urllib.request
+
+    if urlparse(uri).scheme not in ("http", "https"):
+        return None
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s):
+            return None
+    except urllib.error.HTTPError:
+        return None
+    except (OSError, ValueError) as err:
+        reason = getattr(err, "reason", err)
+        return f"cannot reach {uri} ({reason}); start the tracking server, or set tracking.enabled=false"
 
 
 def sqlite_path(uri: str) -> Path | None:

@@ -23,9 +23,21 @@ from kareus.tracking.store import ENV_PARENT_RUN, PARENT_RUN_FILE, base_dir, con
 log = logging.getLogger(__name__)
 
 
-def git_state(path: str | os.PathLike) -> dict[str, str]:
-    """Commit and dirtiness of the checkout at ``path`` ({} outside a git checkout)."""
+def git_state(path: str | os.PathLike | None = None) -> dict[str, str]:
+    """Commit and dirtiness of the checkout at ``path`` ({} outside a git checkout).
+
+    By default the checkout kareus itself is installed from (``pip install -e .``), wherever the
+    command is run from: the code that made the numbers, not the working folder.
+    """
+    checks = []
+    if path is None:
+        import kareus
+
+        path = Path(kareus.__file__).resolve().parent
+        checks = [["ls-files", "--error-unmatch", "__init__.py"]]  # a checkout, not a venv inside one
     try:
+        for args in checks:
+            subprocess.run(["git", "-C", str(path), *args], capture_output=True, timeout=10, check=True)
         commit = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True,
                                 timeout=10, check=True).stdout.strip()
         dirty = subprocess.run(["git", "-C", str(path), "status", "--porcelain", "--untracked-files=no"],
@@ -142,7 +154,7 @@ class Tracker:
         parent = parent_run_id or find_parent_run_id()
         all_tags = {KIND_TAG: "invocation", "mlflow.user": _user(), "mlflow.source.name": "kareus",
                     "mlflow.source.type": "LOCAL", **records.choice_tags(choices), **records.override_tags(overrides),
-                    **git_state(base)}
+                    **git_state()}
         if hardware:
             all_tags["hardware"] = hardware
         if simulated is not None:
@@ -182,8 +194,8 @@ class Tracker:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is KeyboardInterrupt:
-            self.end("KILLED")
+        if exc_type is not None and issubclass(exc_type, (KeyboardInterrupt, SystemExit)):
+            self.end("KILLED")  # Ctrl-C, or SIGTERM turned into SystemExit by the CLI
         else:
             self.end("FAILED" if exc_type else "FINISHED")
 

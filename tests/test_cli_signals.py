@@ -1,0 +1,81 @@
+"""A run stopped by SIGTERM or Ctrl-C: one line that says how to continue, its MLflow runs closed as
+KILLED (none left RUNNING), and ``resume=`` finishes it without measuring anything twice."""
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+from test_cli_errors import error_lines
+
+pytestmark = pytest.mark.slow
+
+TINY = ["+model=tiny", "parallel=pp1_tp2", "progress=false"]
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HYDRA_")}
+    env.update(COLUMNS="200", NO_COLOR="1", PYTHONWARNINGS="ignore")
+    return env
+
+
+def _stop_mid_search(cwd: Path, sig: int) -> tuple[subprocess.CompletedProcess, Path]:
+    """Start a run, send ``sig`` once it measures (its journal exists), and wait for it to exit."""
+    proc = subprocess.Popen([sys.executable, "-m", "kareus", *TINY, "hydra.run.dir=runs/stopped"], cwd=cwd,
+                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a terminal has it
+    run_dir = cwd / "runs" / "stopped"
+    deadline = time.monotonic() + 300
+    while not (run_dir / "journal.sqlite").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be stopped"
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), run_dir
+
+
+def _statuses(cwd: Path) -> dict[str, set[str]]:
+    with closing(sqlite3.connect(cwd / "runs" / "mlflow.db")) as con:
+        rows = con.execute("SELECT r.status, t.value FROM runs r JOIN tags t ON t.run_uuid = r.run_uuid "
+                           "WHERE t.key = 'kareus.kind'").fetchall()
+    out: dict[str, set[str]] = {}
+    for status, kind in rows:
+        out.setdefault(kind, set()).add(status)
+    return out
+
+
+def _rows(run_dir: Path) -> tuple[int, list]:
+    with closing(sqlite3.connect(run_dir / "journal.sqlite")) as con:
+        dups = con.execute("SELECT partition, slot, sms, freq_mhz FROM measurements "
+                           "GROUP BY partition, slot, sms, freq_mhz HAVING COUNT(*) > 1").fetchall()
+        return con.execute("SELECT COUNT(*) FROM measurements").fetchone()[0], dups
+
+
+@pytest.mark.parametrize("sig, code, word", [(signal.SIGTERM, 143, "terminated"), (signal.SIGINT, 130, "interrupted")])
+def test_a_stopped_run_says_how_to_continue_and_closes_its_mlflow_runs(tmp_path, sig, code, word):
+    res, run_dir = _stop_mid_search(tmp_path, sig)
+    assert res.returncode == code, res.stderr[-3000:]
+    assert "Traceback" not in res.stderr
+    assert error_lines(res.stderr) == [f"{word}; continue with resume={run_dir}"]
+    statuses = _statuses(tmp_path)
+    assert statuses["invocation"] == {"KILLED"}
+    assert "RUNNING" not in set().union(*statuses.values()), statuses
+
+
+def test_resume_finishes_a_terminated_run_without_measuring_twice(tmp_path):
+    _, stopped = _stop_mid_search(tmp_path, signal.SIGTERM)
+    partial, _ = _rows(stopped)
+    res = subprocess.run([sys.executable, "-m", "kareus", *TINY, f"resume={stopped}", "hydra.run.dir=runs/resumed",
+                          "tracking.enabled=false"], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows, dups = _rows(tmp_path / "runs" / "resumed")
+    assert rows >= partial and dups == []
+    assert _rows(stopped)[0] == partial  # the stopped run's journal stays as it was
