@@ -31,11 +31,10 @@ def run_mode(cfg: DictConfig, typed: dict[str, Any], run_dir: Path) -> dict[str,
 
 def _describe(ctx: RunContext, console: Console) -> dict[str, Any]:
     from kareus.describe import describe
-    from kareus.pipeline.searching import make_backend, partition_types, space_sizes
+    from kareus.pipeline.searching import opened_backend, partition_types, space_sizes
 
-    backend = make_backend(ctx)
-    partitions = partition_types(ctx, backend)
-    sizes = space_sizes(ctx, backend, partitions)
+    with opened_backend(ctx) as backend:
+        sizes = space_sizes(ctx, backend, partition_types(ctx, backend))
     if ctx.workload is not None and ctx.partitioning is not None:
         describe(console, ctx.workload, ctx.partitioning, sizes)
     else:
@@ -45,12 +44,18 @@ def _describe(ctx: RunContext, console: Console) -> dict[str, Any]:
 
 
 def _search_and_plan(ctx: RunContext, console: Console, compose: bool) -> dict[str, Any]:
-    from kareus.pipeline.searching import make_backend, make_tasks, partition_types, run_searches, space_sizes
+    from kareus.pipeline.searching import opened_backend
+
+    with opened_backend(ctx) as backend:
+        return _search_and_plan_on(ctx, console, compose, backend)
+
+
+def _search_and_plan_on(ctx: RunContext, console: Console, compose: bool, backend: Any) -> dict[str, Any]:
+    from kareus.pipeline.searching import make_tasks, partition_types, run_searches, space_sizes
     from kareus.profiler.journal import JournalMismatchError
     from kareus.search.output import write_search_outputs
     from kareus.tracking import Tracker, hydra_context, make_progress
 
-    backend = make_backend(ctx)
     partitions = partition_types(ctx, backend)
     sizes = space_sizes(ctx, backend, partitions)
     tracker = Tracker(ctx.typed["tracking"])

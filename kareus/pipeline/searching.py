@@ -1,7 +1,8 @@
 """The search stage: one task per partition type, run by the configured launcher, outputs written."""
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Sequence
 
 from kareus.launch import PartitionSearchTask
 from kareus.pipeline.context import RunContext
@@ -35,6 +36,19 @@ def space_sizes(ctx: RunContext, backend: Any, partitions: Sequence[PartitionTyp
 
 def make_backend(ctx: RunContext) -> Any:
     return HARDWARE.build(ctx.hardware_name, config=ctx.typed["hardware"], seed=int(ctx.cfg.seed))
+
+
+@contextmanager
+def opened_backend(ctx: RunContext) -> Iterator[Any]:
+    """The run's own backend (space sizes, residual work, the reference), closed on the way out so a
+    real GPU's NVML handle and comm groups are released also when the run fails."""
+    backend = make_backend(ctx)
+    try:
+        yield backend
+    finally:
+        close = getattr(backend, "close", None)
+        if callable(close):
+            close()
 
 
 def make_tasks(ctx: RunContext, partitions: Sequence[PartitionType],
