@@ -79,3 +79,21 @@ def test_resume_finishes_a_terminated_run_without_measuring_twice(tmp_path):
     rows, dups = _rows(tmp_path / "runs" / "resumed")
     assert rows >= partial and dups == []
     assert _rows(stopped)[0] == partial  # the stopped run's journal stays as it was
+
+
+def test_ctrl_c_to_the_whole_process_group_with_worker_processes_is_one_line(tmp_path):
+    """A terminal sends Ctrl-C to every process of the group: the pool's workers leave it to the parent,
+    which stops them and prints its one line (no traceback from each worker)."""
+    proc = subprocess.Popen([sys.executable, "-m", "kareus", *TINY, "launcher=process", "hydra.run.dir=runs/pool"],
+                            cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    journal = tmp_path / "runs" / "pool" / "journal.sqlite"
+    deadline = time.monotonic() + 300
+    while not journal.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)  # the workers are measuring
+    assert proc.poll() is None, "the run ended before it could be stopped"
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and error_lines(err) == [f"interrupted; continue with resume={journal.parent}"]

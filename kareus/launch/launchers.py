@@ -80,7 +80,8 @@ class ProcessLauncher:
             return []
         n = self.cfg.workers or min(len(tasks), os.cpu_count() or 1)
         ctx = mp.get_context(self.cfg.start_method)
-        with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
+        pool = ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_leave_ctrl_c_to_the_parent)
+        try:
             if not listeners:
                 futures = [pool.submit(run_search_task, t) for t in tasks]
                 return [f.result() for f in futures]
@@ -92,6 +93,27 @@ class ProcessLauncher:
                 while _dispatch(q, listeners, queue_mod.Empty, 0.0):
                     pass
                 return [f.result() for f in futures]
+        except BaseException:  # Ctrl-C, SIGTERM, a failed task: stop the others now, not after they finish
+            _terminate_workers(pool)
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _leave_ctrl_c_to_the_parent() -> None:
+    """A terminal's Ctrl-C reaches every process of the group: workers ignore it (no traceback from
+    each) and the parent, which owns the run, stops them."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _terminate_workers(pool: Any) -> None:
+    """SIGTERM each worker (a real GPU's clock controller resets its lock on it); the executor keeps
+    its processes in ``_processes``, the one handle concurrent.futures gives to them."""
+    for proc in list(getattr(pool, "_processes", {}).values()):
+        if proc.is_alive():
+            proc.terminate()
 
 
 @dataclass
