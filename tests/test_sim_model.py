@@ -91,9 +91,22 @@ def test_collective_bandwidth_grows_with_sms_and_saturates(cfg):
     assert slow == pytest.approx(2 ** cfg.comm_clock_exp, rel=0.05) and slow > 1.5
     net = Op("ar", OpKind.COMM, collective=Collective.ALL_REDUCE, message_bytes=64e6, group_size=4, link=Link.NETWORK)
     assert comm_time(cfg, net, 64, 1410) > 3 * comm_time(cfg, ar, 64, 1410)
-    for coll in (Collective.ALL_GATHER, Collective.REDUCE_SCATTER, Collective.SEND_RECV):
-        op = Op("c", OpKind.COMM, collective=coll, message_bytes=64e6, group_size=4, link=Link.NVLINK)
-        assert 0 < comm_time(cfg, op, 16, 1410) < comm_time(cfg, ar, 16, 1410)
+    send = Op("c", OpKind.COMM, collective=Collective.SEND_RECV, message_bytes=64e6, group_size=4, link=Link.NVLINK)
+    assert 0 < comm_time(cfg, send, 16, 1410) < comm_time(cfg, ar, 16, 1410)
+
+
+def test_reduce_scatter_and_all_gather_of_a_shard_move_what_the_all_reduce_moves():
+    """NCCL's count convention: all-reduce counts the full tensor, all-gather / reduce-scatter one
+    GPU's shard; a ring all-reduce is a reduce-scatter followed by an all-gather."""
+    from kareus.hardware.model import comm_traffic
+
+    n, full = 8, 64e6
+    ar = Op("ar", OpKind.COMM, collective=Collective.ALL_REDUCE, message_bytes=full, group_size=n, link=Link.NVLINK)
+    rs, ag = (Op(c.value, OpKind.COMM, collective=c, message_bytes=full / n, group_size=n, link=Link.NVLINK)
+              for c in (Collective.REDUCE_SCATTER, Collective.ALL_GATHER))
+    (b_ar, s_ar), (b_rs, s_rs), (b_ag, s_ag) = comm_traffic(ar), comm_traffic(rs), comm_traffic(ag)
+    assert b_rs + b_ag == pytest.approx(b_ar) and s_rs + s_ag == s_ar
+    assert b_ag == pytest.approx((n - 1) * full / n)  # each GPU sends its shard to n - 1 peers
 
 
 def test_explicit_join_point_and_slot_start(cfg):
@@ -167,3 +180,19 @@ def test_comm_issued_by_the_host_starts_before_the_gpu_reaches_its_slot(cfg):
     late, early = simulate(free, ops, ar, 1410, 4, 1, None).time_s, simulate(free, ops, ar, 1410, 4, 0, None).time_s
     assert late == pytest.approx(early, rel=0.02)
     assert simulate(free, ops, ar, 1410, 4, 1, None).overlap_s > simulate(gated, ops, ar, 1410, 4, 1, None).overlap_s
+
+
+def test_a_collective_inside_a_plain_op_sequence_runs_alone_at_the_default_sms(cfg):
+    """Residual work (pipeline send/recv, the embedding's and the loss's collectives) is a chain with
+    collectives in it: each costs its time alone at the comm library's default SM count."""
+    from kareus.hardware.model import comm_time
+
+    gemm = Op("g", OpKind.GEMM, flops=4e10, bytes=5e7)
+    send = Op("send", OpKind.COMM, collective=Collective.SEND_RECV, message_bytes=64e6, group_size=2,
+              link=Link.NETWORK)
+    plain = simulate(cfg, (gemm,), None, 1410, 0, None, None, host_gap=False)
+    with_send = simulate(cfg, (gemm, send), None, 1410, 0, None, None, host_gap=False)
+    alone = comm_time(cfg, send, cfg.default_comm_sms, 1410)
+    assert alone > 0.01  # 64 MB over a 25 GB/s network link
+    assert with_send.time_s == pytest.approx(plain.time_s + alone, rel=0.02)
+    assert with_send.dynamic_j > plain.dynamic_j

@@ -70,7 +70,12 @@ def op_times(cfg, op: Op, mhz: float, sms: int, hbm_mult: float = 1.0) -> tuple[
 
 
 def comm_traffic(op: Op) -> tuple[float, int]:
-    """(bytes each GPU sends, ring steps) of a collective under the ring algorithm."""
+    """(bytes each GPU sends, ring steps) of a collective under the ring algorithm.
+
+    ``message_bytes`` follows NCCL's count convention (kareus.workload.ops): the full tensor for an
+    all-reduce, one GPU's shard for an all-gather or reduce-scatter, so a reduce-scatter plus an
+    all-gather of a shard move exactly what the all-reduce of the whole tensor moves.
+    """
     n = max(op.group_size, 1)
     m = op.message_bytes or op.bytes
     if n == 1:
@@ -78,7 +83,7 @@ def comm_traffic(op: Op) -> tuple[float, int]:
     if op.collective is Collective.ALL_REDUCE or op.collective is None:
         return 2.0 * (n - 1) / n * m, 2 * (n - 1)
     if op.collective in (Collective.ALL_GATHER, Collective.REDUCE_SCATTER):
-        return (n - 1) / n * m, n - 1
+        return (n - 1) * m, n - 1
     return m, 1  # send/recv
 
 
@@ -124,6 +129,8 @@ def host_cost(cfg, op: Op) -> float:
         h = cfg.host_norm_s
     elif k is OpKind.ROPE:
         h = cfg.host_rope_s
+    elif k is OpKind.COMM:
+        h = cfg.host_comm_s
     else:
         h = cfg.host_elementwise_s
     return h * cfg.host_scale
@@ -177,6 +184,7 @@ def simulate(
     dyn = 0.0
     hbm_bytes = traffic * cfg.comm_hbm_per_byte
     overlap = exposed = 0.0
+    chain_traffic = 0.0  # bytes sent by collectives inside the chain
     t = 0.0  # the compute stream is free from t
 
     def run_alone(t0: float, t1: float) -> None:
@@ -201,9 +209,16 @@ def simulate(
         else:
             begin = max(t, issue[k] + lat)
             run_alone(t, begin)
-        act = _activity(cfg, op)
-        hbm_bytes += op.bytes
-        tc, tm = op_times(cfg, op, mhz, total_sms)
+        if op.is_comm:
+            # a collective in the chain itself (residual work: pipeline send/recv, the embedding's and
+            # the loss's collectives) runs alone on the stream at the comm library's default SMs
+            tc, tm = comm_time(cfg, op, cfg.default_comm_sms, mhz), 0.0
+            chain_traffic += comm_traffic(op)[0]
+            act = cfg.act_comm * cfg.default_comm_sms / total_sms
+        else:
+            act = _activity(cfg, op)
+            hbm_bytes += op.bytes
+            tc, tm = op_times(cfg, op, mhz, total_sms)
         t_full = max(tc, tm)
         # SM energy follows the work, not the occupancy: SMs idle in a partial wave draw little
         dyn += psm * act * t_full
@@ -257,7 +272,8 @@ def simulate(
         run_alone(t, math.inf)
         exposed -= max(0.0, min(comm_end, end + gap) - max(end, ready))  # hidden in the gap
     total = max(end + gap, comm_end)
-    dyn += hbm_bytes * cfg.hbm_pj_per_byte * 1e-12 + traffic * cfg.link_pj_per_byte * 1e-12
+    hbm_bytes += chain_traffic * cfg.comm_hbm_per_byte
+    dyn += hbm_bytes * cfg.hbm_pj_per_byte * 1e-12 + (traffic + chain_traffic) * cfg.link_pj_per_byte * 1e-12
     return Outcome(total, dyn, voltage_ratio(cfg, mhz), int(mhz), overlap, exposed)
 
 

@@ -38,12 +38,13 @@ def make_sequential(cfg: SequentialPartitionerConfig) -> SequentialPartitioner:
 MEGATRON_PREFIX = "megatron:"
 
 
-def megatron_partitioning(workload: Workload, merge_boundary: bool = True) -> Partitioning:
+def megatron_partitioning(workload: Workload, merge_boundary: bool = False) -> Partitioning:
     """Megatron-LM's layout of ``workload``'s model and parallelism: each microbatch unsplit (one
     nanobatch, whatever ``parallel.nanobatches`` says), every comm after its compute.
 
     Splitting a microbatch costs kernel efficiency (smaller kernels, more launches), so a reference
-    measured on nanobatched partitions would flatter every plan. Keys carry ``megatron:`` so these
+    measured on nanobatched partitions would flatter every plan. Each stage's first chain is its own
+    type by default (no merging), so the reference's work is exact. Keys carry ``megatron:`` so these
     measurements stay apart from the searched partitions' in the journal.
     """
     from kareus.workload import build_workload

@@ -74,7 +74,7 @@ def measure_fixed_work(ctx: RunContext, profiler: Any, results: Sequence[SearchR
     assert ctx.partitioning is not None and ctx.workload is not None
     top = int(ctx.gpu.max_mhz)
     clocks = sorted({int(m.candidate.freq_mhz) for r in results for m in r.measurements if not m.failed} | {top})
-    megatron = megatron_partitioning(ctx.workload, bool(getattr(ctx.typed["partitioner"], "merge_boundary", True)))
+    megatron = megatron_partitioning(ctx.workload)
     return FixedWork(
         residual={(w.stage, w.direction): _residual(profiler, w, clocks) for w in ctx.partitioning.work},
         anchors=_at_reference(ctx, profiler, ctx.partitioning),
