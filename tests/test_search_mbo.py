@@ -163,6 +163,8 @@ def test_stop_rule_ends_early_when_predicted_gain_is_small():
     prob, gpu, log = make(budget=400)
     res = SEARCHERS.build("mbo", config={"seed": 0, "stop_gain": 0.5, **FAST}).run(prob)
     assert len(res.measurements) < 400
+    # the batch the rule declined is not recorded: every kept prediction belongs to a measured pick
+    assert sum(len(p) for p in res.predictions) == len(res.measurements) - len(log[0][0])
 
 
 def test_mbo_finds_most_of_the_frontier_with_15_percent_and_beats_random():
@@ -187,3 +189,34 @@ def test_surrogate_ensemble_shapes_and_spread():
     assert out.shape == (4, 7, 2)
     assert np.all(out.std(axis=0) >= 0) and np.any(out.std(axis=0) > 0)
     np.testing.assert_allclose(out.mean(axis=0), Y[:7], atol=0.2)
+
+
+def test_a_slot_where_every_setting_fails_stops_drawing_picks():
+    """Failures teach the surrogate (at the worst measured values): a slot that always crashes is
+    tried, then left, instead of staying predicted attractive batch after batch."""
+    space = build_space(synthetic_partition(), SYNTH_GPU, SpaceConfig())
+    bad = {c for c in space if c.slot == "sequential"}
+    prob, gpu, _ = make(budget=108, seed=0, fail=bad)
+    res = SEARCHERS.build("mbo", config={"seed": 0, **FAST}).run(prob)
+    failed = sum(m.failed for m in res.measurements)
+    assert len(res.measurements) == 108 and failed <= 20, failed
+
+
+def test_a_pass_that_runs_dry_leaves_the_batch_to_the_others(monkeypatch):
+    """The last batch's local pass may find no grid neighbours left; the other passes fill its share,
+    so each batch still holds its full count."""
+    from kareus.registry.registry import Entry
+    from kareus.search.mbo import fill_batch
+
+    class Dry:
+        def select(self, ctx, k, free):
+            return []
+
+    class Takes:
+        def select(self, ctx, k, free):
+            return [(int(p), 0.0) for p in np.flatnonzero(free)[:k]]
+
+    for name, cls in (("local", Dry), ("total", Takes)):
+        monkeypatch.setitem(ACQUISITIONS._entries, name, Entry("acquisition pass", name, None, cls, ""))
+    picks, names = fill_batch(type("Ctx", (), {"pool": np.arange(20)})(), [("local", 3), ("total", 3)], 6)
+    assert len(picks) == 6 and set(names) == {"total"}

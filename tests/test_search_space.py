@@ -56,6 +56,8 @@ def test_fixed_space_is_only_filtered_by_explicit_fields():
     assert build_space(part, SYNTH_GPU, SpaceConfig(), fixed=fixed) == sorted(fixed)
     got = build_space(part, SYNTH_GPU, SpaceConfig(sms=[5, 20], freq_mhz=FreqRange(max=1300)), fixed=fixed)
     assert {(c.sms, c.freq_mhz) for c in got} == {(5, 1200), (20, 1200)}
+    stepped = build_space(part, SYNTH_GPU, SpaceConfig(sms_step=4, freq_mhz=FreqRange(step=420)), fixed=fixed)
+    assert {(c.sms, c.freq_mhz) for c in stepped} == {(1, 1410), (5, 1410)}  # steps from 1 SM and from 1410 MHz
 
 
 def test_space_problems_name_the_key():

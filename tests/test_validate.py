@@ -222,6 +222,8 @@ SEARCH_RULES = [
     ("search.kappa=-1", "search.kappa: must be >= 0, got -1.0"),
     ("search.expected=[uncertainty]",
      "search.expected: ['uncertainty'] score no hypervolume; allowed: total, dynamic, static, local"),
+    ("search.coverage_share=-1", "search.coverage_share: must be in [0, 1], got -1.0"),
+    ("search.min_per_slot=-3", "search.min_per_slot: must be >= 0, got -3"),
     ("search.surrogate.clip_margin=-0.5", "search.surrogate.clip_margin: must be >= 0, got -0.5"),
 ]
 

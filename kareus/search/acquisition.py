@@ -75,7 +75,9 @@ def _member_points(ctx: Context, obj: str) -> np.ndarray:
 
 
 def _epsilon(cand: np.ndarray, front: np.ndarray) -> np.ndarray:
-    """Smallest equal shift in both objectives that makes each candidate non-dominated (0 if it is)."""
+    """Each candidate's additive-epsilon distance to the front: the smallest equal shift in both
+    objectives after which it weakly dominates some front point (0 if it already does). Ranks
+    candidates by closeness to the front where none has hypervolume improvement."""
     f = nondominated(front)
     if len(f) == 0:
         return np.zeros(len(cand))

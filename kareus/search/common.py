@@ -87,6 +87,10 @@ class SearchRun:
             self.order.append(i)
         return list(ms)
 
+    def failed(self) -> list[int]:
+        """Measured indices without numbers (a crash, a read that failed after its retries)."""
+        return [i for i in self.order if self.measured[i].failed]
+
     def ok(self) -> list[int]:
         """Measured indices with numbers (failed measurements count against the budget only)."""
         return [i for i in self.order if not self.measured[i].failed]

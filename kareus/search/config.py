@@ -232,8 +232,11 @@ def _mbo_problems(cfg: MBOConfig) -> list[str]:
         bad = [p.value for p in chosen if p.value not in HVI_PASSES]
         if bad:
             out.append(f"search.{key}: {bad} score no hypervolume; allowed: {', '.join(HVI_PASSES)}")
-    if not 0 <= cfg.final_local <= 1:
-        out.append(f"search.final_local: must be in [0, 1], got {cfg.final_local}")
+    for key in ("final_local", "coverage_share"):
+        if not 0 <= getattr(cfg, key) <= 1:
+            out.append(f"search.{key}: must be in [0, 1], got {getattr(cfg, key)}")
+    if cfg.min_per_slot < 0:
+        out.append(f"search.min_per_slot: must be >= 0, got {cfg.min_per_slot}")
     for key in ("kappa", "stop_gain", "ref_margin"):
         if getattr(cfg, key) < 0:
             out.append(f"search.{key}: must be >= 0, got {getattr(cfg, key)}")

@@ -49,12 +49,21 @@ def start(run: SearchRun, cfg: Any, label: str = "initial") -> None:
 
 
 def predict(run: SearchRun, surrogate_cfg: SurrogateConfig, pool: np.ndarray, seed: int) -> tuple[dict, dict]:
-    """Fit the surrogate on the measured points; member samples of every objective for ``pool``."""
-    ok = run.ok()
+    """Fit the surrogate on the measured points; member samples of every objective for ``pool``.
+
+    Failed measurements enter the fit at the worst measured time and dynamic energy: left out, a
+    region where every setting fails (a slot that crashes, a clock the GPU cannot hold) would stay
+    predicted attractive and draw picks batch after batch.
+    """
+    ok, failed = run.ok(), run.failed()
     obj = run.objectives(ok)
     floor = 1e-9 * max(float(np.abs(obj[:, 2]).max()), 1e-30)
     Y = np.column_stack([np.log(obj[:, 0]), np.log(np.maximum(obj[:, 2], floor))])
-    model = SURROGATES.build(surrogate_cfg.name, config=surrogate_cfg).fit(run.X[ok], Y, seed)
+    X = run.X[ok]
+    if failed:
+        Y = np.vstack([Y, np.tile(Y.max(axis=0), (len(failed), 1))])
+        X = np.vstack([X, run.X[failed]])
+    model = SURROGATES.build(surrogate_cfg.name, config=surrogate_cfg).fit(X, Y, seed)
     s = model.sample(run.X[pool])
     t, dyn = np.exp(s[:, :, 0]), np.exp(s[:, :, 1])
     P = run.problem.static_power_w
@@ -102,25 +111,32 @@ def near_front(run: SearchRun, grid: np.ndarray, pool: np.ndarray) -> np.ndarray
 
 
 def fill_batch(ctx: Context, plan: list[tuple[str, int]], k: int) -> tuple[list[int], list[str]]:
-    """Run the passes for their counts; if some return fewer, cycle through them for the rest."""
+    """Run the passes for their counts; if some return fewer, the passes that still had picks to give
+    fill the rest in turn (a pass that ran dry, e.g. ``local`` with no neighbours left, is skipped)."""
     free = np.ones(len(ctx.pool), dtype=bool)
     picks: list[int] = []
     names: list[str] = []
     passes = {name: ACQUISITIONS.build(name) for name, _ in plan}
+    dry: set[str] = set()
     queue = [(n, c) for n, c in plan if c > 0]
     for _round in range(3):
         for name, count in queue:
             if count <= 0 or not free.any():
                 continue
+            got = 0
             for p, _score in passes[name].select(ctx, count, free):
                 if free[p]:
                     free[p] = False
                     picks.append(p)
                     names.append(name)
+                    got += 1
+            if got < count:
+                dry.add(name)
         short = k - len(picks)
-        if short <= 0 or not free.any():
+        live = [n for n, _ in plan if n not in dry]
+        if short <= 0 or not free.any() or not live:
             break
-        queue = [(plan[i % len(plan)][0], 1) for i in range(short)]
+        queue = [(live[i % len(live)], 1) for i in range(short)]
     return picks[:k], names[:k]
 
 
@@ -148,7 +164,7 @@ class MBOSearcher:
             timer = Timer()
             samples, measured = predict(run, cfg.surrogate, pool, problem.seed + 7919 * run.batches)
             fit_s = timer.lap()
-            counts = np.bincount(grid[run.ok(), 0], minlength=int(grid[:, 0].max()) + 1)
+            counts = np.bincount(grid[run.order, 0], minlength=int(grid[:, 0].max()) + 1)  # failed ones too
             ctx = Context(pool, samples, measured, kappa=cfg.kappa, greedy=cfg.greedy, ref_margin=cfg.ref_margin,
                           expected=frozenset(PassName(p).value for p in cfg.expected),
                           per_clock=frozenset(PassName(p).value for p in cfg.per_clock),
@@ -171,8 +187,7 @@ class MBOSearcher:
             acq_s = timer.lap()
             gain = predicted_gain(ctx, local)
             notes = [annotate(ctx, p, n) for p, n in zip(local, names)]
-            if cfg.stop_gain > 0 and gain < cfg.stop_gain:
-                run.finish_batch(gain, notes, fit_s=fit_s, acq_s=acq_s)
+            if cfg.stop_gain > 0 and gain < cfg.stop_gain:  # not worth measuring: record nothing more
                 break
             run.evaluate(pool[local], notes)
             run.finish_batch(gain, notes, fit_s=fit_s, acq_s=acq_s)

@@ -101,6 +101,27 @@ def space_problems(space: SpaceConfig, gpu: GPUSpec) -> list[str]:
     return out
 
 
+def _explicitly_kept(c: Candidate, space: SpaceConfig, fixed: list[Candidate]) -> bool:
+    """Whether the explicitly set SM and clock fields of ``space`` keep ``c`` of a backend's fixed
+    space; steps count from the lowest SM count and down from the highest clock that remain."""
+    fr = space.freq_mhz
+    if space.sms is not None and c.sms not in space.sms:
+        return False
+    if (space.sms_min is not None and c.sms < space.sms_min) or (space.sms_max is not None and c.sms > space.sms_max):
+        return False
+    if (fr.min is not None and c.freq_mhz < fr.min) or (fr.max is not None and c.freq_mhz > fr.max):
+        return False
+    if space.sms_step is not None and space.sms is None:
+        lo = min(x.sms for x in fixed if space.sms_min is None or x.sms >= space.sms_min)
+        if (c.sms - lo) % space.sms_step:
+            return False
+    if fr.step is not None:
+        top = max(x.freq_mhz for x in fixed if fr.max is None or x.freq_mhz <= fr.max)
+        if (top - c.freq_mhz) % fr.step:
+            return False
+    return True
+
+
 FIRST_SLOT = "first"
 
 
@@ -135,24 +156,7 @@ def build_space(partition: PartitionType, gpu: GPUSpec, space: SpaceConfig,
                              f"{', '.join(sorted(wanted))}; its slots: {', '.join(labels)}")
         labels = [s for s in labels if s in wanted]
     if fixed is not None:
-        keep_slots = set(labels)
-        fr = space.freq_mhz
-        out = []
-        for c in fixed:
-            if c.slot not in keep_slots:
-                continue
-            if space.sms is not None and c.sms not in space.sms:
-                continue
-            if space.sms_min is not None and c.sms < space.sms_min:
-                continue
-            if space.sms_max is not None and c.sms > space.sms_max:
-                continue
-            if fr.min is not None and c.freq_mhz < fr.min:
-                continue
-            if fr.max is not None and c.freq_mhz > fr.max:
-                continue
-            out.append(c)
-        return sorted(set(out))
+        return sorted(set(c for c in fixed if c.slot in set(labels) and _explicitly_kept(c, space, fixed)))
     sms, fs = sm_counts(space, gpu), clocks(space, gpu)
     return sorted(Candidate(partition.key, s, n, f) for s in labels for n in sms for f in fs)
 
