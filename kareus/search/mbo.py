@@ -57,19 +57,31 @@ def predict(run: SearchRun, surrogate_cfg: SurrogateConfig, pool: np.ndarray, se
     """
     ok, failed = run.ok(), run.failed()
     obj = run.objectives(ok)
-    floor = 1e-9 * max(float(np.abs(obj[:, 2]).max()), 1e-30)
-    Y = np.column_stack([np.log(obj[:, 0]), np.log(np.maximum(obj[:, 2], floor))])
+    shift = dynamic_shift(obj[:, 2])
+    Y = np.column_stack([np.log(obj[:, 0]), np.log(obj[:, 2] + shift)])
     X = run.X[ok]
     if failed:
         Y = np.vstack([Y, np.tile(Y.max(axis=0), (len(failed), 1))])
         X = np.vstack([X, run.X[failed]])
     model = SURROGATES.build(surrogate_cfg.name, config=surrogate_cfg).fit(X, Y, seed)
     s = model.sample(run.X[pool])
-    t, dyn = np.exp(s[:, :, 0]), np.exp(s[:, :, 1])
+    t, dyn = np.exp(s[:, :, 0]), np.exp(s[:, :, 1]) - shift
     P = run.problem.static_power_w
     samples = {"time": t, "dynamic": dyn, "static": P * t, "total": dyn + P * t}
     measured = {"time": obj[:, 0], "total": obj[:, 1], "dynamic": obj[:, 2], "static": obj[:, 1] - obj[:, 2]}
     return samples, measured
+
+
+def dynamic_shift(dynamic_j: np.ndarray) -> float:
+    """What to add to dynamic energies before taking logs: 0 while all are positive, else enough to
+    put the lowest a tenth of the measured range above zero. Dynamic energy is measured energy minus
+    the nominal static power x time, so a GPU drawing less than that (host-bound, at a low clock)
+    reads slightly negative; a log floor would turn those points into extreme outliers."""
+    lo = float(dynamic_j.min())
+    if lo > 0:
+        return 0.0
+    span = float(dynamic_j.max()) - lo
+    return -lo + 0.1 * (span if span > 0 else max(abs(lo), 1e-12))
 
 
 def predicted_gain(ctx: Context, picks: list[int]) -> float:
