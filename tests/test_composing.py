@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from conftest import compose_config
+from kareus.compose import compose_instruction
 from kareus.config.validate import validate
 from kareus.frontier import Frontier
 from kareus.partition import MEGATRON_PREFIX
@@ -47,7 +48,6 @@ def test_reference_is_megatron_unsplit_layout(low_clock_run):
     assert all(o.freq_mhz == ctx.gpu.max_mhz for o in comp.reference_options.values())
     # unsplit kernels: Megatron's instruction is not the nanobatched no-overlap schedule at the top clock
     anchors = {k: [m] for k, m in fixed.anchors.items()}
-    from kareus.compose import compose_instruction
     for w in ctx.partitioning.work:
         plain = compose_instruction(w, anchors, fixed.residual[(w.stage, w.direction)])[0]
         assert comp.reference_options[(w.stage, w.direction)].time_s != pytest.approx(plain.time_s, rel=1e-3)

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import pytest
 
-from kareus.compose import KareusComposer, KareusComposerConfig, pipeline_dag
+from kareus.compose import KareusComposer, KareusComposerConfig, fixed_option_iteration, pipeline_dag
 from kareus.compose.microbatch import InstructionOption
 from kareus.compose.synthetic import synthetic_options
 from kareus.plan import (
     PlanConfig, PlanFormatError, PlanSelectionError, SelectRule, frontier_table, load_plan, make_plans,
-    plan_energy, reference_point, save_plan, select_plan, simulate_plan, write_run_outputs,
+    plan_energy, save_plan, select_plan, simulate_plan, write_run_outputs,
 )
 from kareus.types import Candidate, Direction, InstructionWork, Partitioning
 
@@ -149,7 +149,7 @@ def test_plan_config_problems():
 def test_run_outputs_and_table(tmp_path, frontier, plans):
     dag = frontier.dag
     top = {k: max(v, key=lambda o: o.freq_mhz) for k, v in frontier.options.items()}
-    ref = reference_point(dag, top, 75.0, 4, S)
+    ref = fixed_option_iteration(dag, top, 75.0, 4, S)
     chosen = select_plan(plans, PlanConfig(select=SelectRule.min_energy))
     out = write_run_outputs(tmp_path, plans, chosen, ref)
     rows = out["frontier_iteration"].read_text().strip().splitlines()

@@ -2,25 +2,17 @@
 
 The Megatron reference point is Megatron-LM's own layout: microbatches unsplit, every comm kernel
 after its compute at the comm library's default SMs, the top clock; the caller measures it (same
-backend as the search) and passes one option per (stage, direction).
+backend as the search) and prices it with ``kareus.compose.fixed_option_iteration``.
 """
 from __future__ import annotations
 
 import csv
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import Optional, Sequence
 
-from kareus.compose.iteration import Assignment, OptionKey, fixed_option_iteration
-from kareus.compose.microbatch import InstructionOption
-from kareus.compose.schedule import PipelineDAG
+from kareus.compose.iteration import Assignment
 from kareus.plan.io import save_plan
 from kareus.plan.model import ExecutionPlan
-
-
-def reference_point(dag: PipelineDAG, options: Mapping[OptionKey, InstructionOption], static_power_w: float,
-                    gpus_per_stage: int, num_stages: int) -> Assignment:
-    """Iteration time and energy of Megatron's default: one fixed option per (stage, direction)."""
-    return fixed_option_iteration(dag, options, static_power_w, gpus_per_stage, num_stages)
 
 
 def _saving(ref: float | None, value: float) -> float | None:
