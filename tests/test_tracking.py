@@ -336,3 +336,26 @@ def test_empty_uri_is_refused_and_a_dead_server_is_named_at_once():
     finally:
         server.shutdown()
     assert reachability_problem("sqlite:///runs/mlflow.db") is None
+
+
+def test_a_signal_during_an_mlflow_write_lands_after_it():
+    """SIGTERM/SIGINT raise in their handlers; inside a write they could leave a SQLite transaction
+    open that the exit path's own writes then wait on. retry() defers them to the end of the call."""
+    import os
+    import signal
+
+    from kareus.tracking.store import retry
+
+    order: list[str] = []
+    previous = signal.signal(signal.SIGTERM, lambda *_: order.append("handler"))
+    try:
+        def write() -> str:
+            os.kill(os.getpid(), signal.SIGTERM)
+            order.append("write done")
+            return "ok"
+
+        assert retry(write) == "ok"
+        order.append("after")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert order == ["write done", "handler", "after"]

@@ -91,7 +91,7 @@ class Journal:
         p.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(str(p), timeout=timeout_s, isolation_level=None, check_same_thread=False)
         conn.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
-        conn.execute("PRAGMA journal_mode = WAL")
+        _switch_to_wal(conn, timeout_s)
         conn.execute("PRAGMA synchronous = FULL")
         conn.execute("BEGIN IMMEDIATE")  # create and claim the hash atomically against other openers
         try:
@@ -196,6 +196,20 @@ class Journal:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _switch_to_wal(conn: sqlite3.Connection, timeout_s: float) -> None:
+    """``PRAGMA journal_mode = WAL``, retried: when several processes open a new journal at once,
+    SQLite answers the switch with "database is locked" at once, without waiting on busy_timeout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as err:
+            if "locked" not in str(err) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 @contextmanager

@@ -11,6 +11,7 @@ import functools
 import logging
 import os
 import random
+import signal
 import sys
 import time
 from pathlib import Path
@@ -138,11 +139,31 @@ def is_lock_error(exc: BaseException) -> bool:
     return any(s in text for s in _LOCK_ERRORS)
 
 
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM until the block ends (POSIX; elsewhere a no-op).
+
+    Their handlers raise (KeyboardInterrupt, SystemExit); raised inside an MLflow write, they can
+    leave a SQLite transaction open on a pooled connection, and the exit path's own writes (runs
+    marked KILLED) then wait on that lock. Deferred, they land between writes instead.
+    """
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def retry(fn: Callable[..., T], *args: Any, attempts: int = 10, delay_s: float = 0.05, **kwargs: Any) -> T:
-    """Call ``fn``, retrying with jittered back-off while SQLite reports a lock (other writers)."""
+    """Call ``fn`` (with signals deferred), retrying with jittered back-off while SQLite reports a
+    lock (other writers)."""
     for attempt in range(attempts):
         try:
-            return fn(*args, **kwargs)
+            with signals_deferred():
+                return fn(*args, **kwargs)
         except Exception as exc:  # MlflowException wraps the sqlalchemy OperationalError
             if attempt == attempts - 1 or not is_lock_error(exc):
                 raise
