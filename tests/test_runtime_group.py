@@ -3,6 +3,8 @@
 The backend starts torch.distributed from the environment, refuses a world that is not the op's
 group, and every decision that changes how many collectives a rank issues is the group's: a bad or
 failed read on one rank is retried by both, and a thermal anchor one GPU calls for is taken by both.
+Every rank runs the search on the group's numbers (the same time and energy on each), and answers a
+candidate from its journal only when every rank's journal holds it.
 A rank that decided alone would wait forever in a collective its peer never joins, so the ranks run
 under a deadline and a hang fails the test.
 """
@@ -53,16 +55,42 @@ def _partition():
                          (Slot("linear_0", (0,), "gemm"), Slot("linear_1", (1,), "gemm")))
 
 
-def _measure(backend, script: list) -> dict:
+def _profiler(backend, journal=None, emit=None):
     from kareus.profiler import Profiler, ProfilerConfig
+
+    cfg = ProfilerConfig(target_window_s=0.02, min_window_s=0.0, settle_s=0, warmup_runs=0, calibration_runs=1,
+                         retries=2, cooldown={"name": "none"}, frequency={"name": "sim"})
+    return Profiler(cfg, backend, journal, emit)
+
+
+def _measure(backend, script: list, slot: str = "linear_1") -> dict:
     from kareus.types import Candidate
 
     backend.energy = _Meter(script)
-    cfg = ProfilerConfig(target_window_s=0.02, min_window_s=0.0, settle_s=0, warmup_runs=0, calibration_runs=1,
-                         retries=2, cooldown={"name": "none"}, frequency={"name": "sim"})
     p = _partition()
-    m = Profiler(cfg, backend).measure(p, Candidate(p.key, "linear_1", 8, backend.gpu.max_mhz))
-    return {"failed": m.failed, "flags": list(m.flags), "reads": len(m.readings)}
+    m = _profiler(backend).measure(p, Candidate(p.key, slot, 8, backend.gpu.max_mhz))
+    return {"failed": m.failed, "flags": list(m.flags), "reads": len(m.readings), "time_s": m.time_s,
+            "energy_j": m.energy_j, "executions": [r.executions for r in m.readings]}
+
+
+def _resume(backend, rank: int, out_dir: str) -> dict:
+    """Each rank's own journal; only rank 0's holds linear_0, both hold linear_1 (a crash between the
+    two ranks' appends leaves journals like these)."""
+    from kareus.profiler.journal import Journal
+    from kareus.types import Candidate, Measurement
+
+    p = _partition()
+    mhz = backend.gpu.max_mhz
+    journal = Journal.open(f"{out_dir}/journal_{rank}.sqlite", "h")
+    for slot in ("linear_0", "linear_1") if rank == 0 else ("linear_1",):
+        journal.append(Measurement(Candidate(p.key, slot, 8, mhz), 1.0, 300.0, 215.0, 85.0, 40.0, float(mhz), 1),
+                       backend=backend.name, clock_mhz=mhz, gpu_temperature_c=40.0)
+    backend.energy = _Meter([])
+    events: list = []
+    prof = _profiler(backend, journal, events.append)
+    out = {slot: prof.measure(p, Candidate(p.key, slot, 8, mhz)).time_s for slot in ("linear_0", "linear_1")}
+    journal.close()
+    return {"cached": {e.measurement.candidate.slot: e.cached for e in events}, "time_s": out}
 
 
 def _anchors(backend, rank: int) -> list[int]:
@@ -114,6 +142,9 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     # rank 1's reads are bad on every try: both ranks record the candidate as failed
     res["always_bad"] = _measure(backend, [0.0, 0.0, 0.0] if rank == 1 else [])
     res["anchors"] = _anchors(backend, rank)
+    # each GPU reads its own energy; the search on every rank must see the same numbers
+    res["own_energy"] = _measure(backend, [4.0 if rank == 0 else 6.0] * 8, slot="linear_0")
+    res["resume"] = _resume(backend, rank, out_dir)
     dist.barrier()  # both ranks get here only if neither waits in a collective the other skipped
     res["barrier"] = True
     backend.close()
@@ -166,3 +197,19 @@ def test_reads_bad_on_one_rank_fail_the_candidate_on_every_rank(ranks):
 
 def test_an_anchor_one_gpu_calls_for_is_taken_by_the_whole_group(ranks):
     assert ranks[0]["anchors"] == ranks[1]["anchors"] == [2, 1, 3]
+
+
+def test_every_rank_measures_the_groups_numbers(ranks):
+    r0, r1 = ranks
+    a, b = r0["own_energy"], r1["own_energy"]
+    assert not a["failed"] and not b["failed"]
+    assert (a["time_s"], a["energy_j"]) == (b["time_s"], b["energy_j"])
+    # the ranks' mean window energy (4 J and 6 J) per execution
+    assert a["energy_j"] == pytest.approx(5.0 / a["executions"][0])
+
+
+def test_a_candidate_one_ranks_journal_lacks_is_measured_again_by_the_whole_group(ranks):
+    r0, r1 = ranks
+    assert r0["resume"]["cached"] == r1["resume"]["cached"] == {"linear_0": False, "linear_1": True}
+    assert r0["resume"]["time_s"]["linear_0"] == r1["resume"]["time_s"]["linear_0"] != 1.0
+    assert r0["resume"]["time_s"]["linear_1"] == r1["resume"]["time_s"]["linear_1"] == 1.0

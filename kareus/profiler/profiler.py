@@ -85,7 +85,7 @@ class Profiler:
 
     def measure(self, partition: PartitionType, cand: Candidate, annotation: dict[str, Any] | None = None) -> Measurement:
         """The candidate's measurement: from the journal if known, else profiled and journaled now."""
-        hit = self._known.get(cand.key)
+        hit = self._cached(cand)
         cached = hit is not None
         if hit is not None:
             m, cost = hit
@@ -111,7 +111,7 @@ class Profiler:
         """
         digest = hashlib.sha1(repr(tuple(ops)).encode()).hexdigest()[:16]
         cand = Candidate(f"ops:{digest}", SEQUENTIAL, 0, int(freq_mhz))
-        hit = self._known.get(cand.key)
+        hit = self._cached(cand)
         if hit is not None:
             return hit[0]
         start = self.backend.now()
@@ -123,6 +123,19 @@ class Profiler:
             m = Measurement.failure(cand, str(e))
         self._record(m, self.backend.now() - start)
         return m
+
+    def _cached(self, cand: Candidate) -> tuple[Measurement, float] | None:
+        """The journal's measurement of ``cand`` if every rank of the group has it, else None.
+
+        Each rank of a tensor-parallel group keeps its own journal; after a crash they can differ by
+        the last candidates. A rank that answered from its journal while a peer measured would leave
+        the peer waiting in collectives, so the group measures again unless all ranks hold it.
+        """
+        hit = self._known.get(cand.key)
+        agree = getattr(self.backend, "agree_max", None)
+        if agree is not None and agree(0.0 if hit is not None else 1.0) > 0:
+            return None
+        return hit
 
     def close(self) -> None:
         """Give the clocks back (the frequency controller resets them)."""

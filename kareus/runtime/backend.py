@@ -12,7 +12,8 @@ This backend never changes clocks or power limits.
 
 The ranks of a tensor-parallel group measure in lockstep, so every decision that changes how many
 collectives a rank issues is the group's: the execution count, and whether a window is good, failed
-or must be read again (``_group_verdict``). Under torchrun the backend starts torch.distributed
+or must be read again (``_group_verdict``). Each rank runs the search itself, so each window's
+numbers are the group's too (``_group_reading``): the slowest rank's time, the ranks' mean energy. Under torchrun the backend starts torch.distributed
 itself; a comm backend without a usable process group is a configuration error (``CommSetupError``).
 
 With ``device: cpu`` the same logic runs without streams (an async gloo collective still overlaps
@@ -335,8 +336,25 @@ class CudaBackend(LockedClock):
         if raised is not None:
             return self._group_verdict(raised)
         problem = why or self._clock_problem(freq)
-        return self._group_verdict(Reading(elapsed / n, energy / n, temperature, freq, elapsed, n, not problem,
-                                           problem))
+        reading = self._group_verdict(Reading(elapsed / n, energy / n, temperature, freq, elapsed, n, not problem,
+                                              problem))
+        return self._group_reading(reading)
+
+    def _group_reading(self, r: Reading) -> Reading:
+        """The group's reading, identical on every rank: energy and clock the ranks' means,
+        temperature the hottest rank's. Every rank runs the search itself on its
+        readings; per-GPU numbers would fit different surrogates and pick different candidates, and
+        the ranks would then launch different collectives. The mean keeps the per-GPU scale that
+        static power and the plans use."""
+        gather = getattr(self.comm, "gather", None)
+        if gather is None:
+            return r
+        ranks = gather([float(_usable(r)), r.energy_j, r.freq_mhz, r.temperature_c], self.device)
+        if len(ranks) == 1 or not all(row[0] for row in ranks):
+            return r  # a window some rank cannot use fails on every rank (the verdict): its own reason stands
+        return replace(r, energy_j=math.fsum(row[1] for row in ranks) / len(ranks),
+                       freq_mhz=math.fsum(row[2] for row in ranks) / len(ranks),
+                       temperature_c=max(row[3] for row in ranks))
 
     def _end_energy(self) -> tuple[float, str]:
         """Joules of the window, or NaN and why this device has no meter."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 import atexit
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, Sequence
 
 from kareus.errors import KareusError
 from kareus.registry import COMM_BACKENDS
@@ -40,6 +40,8 @@ class CommBackend(Protocol):
     def world_size(self) -> int: ...
     def agree(self, value: int, device: Any) -> int:
         """The group's maximum of ``value`` (ranks must launch equally many collectives)."""
+    def gather(self, values: Sequence[float], device: Any) -> list[list[float]]:
+        """Every rank's ``values``, in rank order, on every rank."""
 
 
 class CommSetupError(KareusError):
@@ -148,6 +150,18 @@ class _DistBackend:
         t = torch.tensor([int(value)], dtype=torch.int64, device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return int(t.item())
+
+    def gather(self, values: Sequence[float], device: Any) -> list[list[float]]:
+        """Every rank's ``values`` in rank order: each rank then derives the same numbers from them."""
+        import torch
+        import torch.distributed as dist
+
+        if self.world_size() == 1:
+            return [[float(v) for v in values]]
+        mine = torch.tensor([float(v) for v in values], dtype=torch.float64, device=device)
+        parts = [torch.empty_like(mine) for _ in range(self.world_size())]
+        dist.all_gather(parts, mine)
+        return [[float(v) for v in part.tolist()] for part in parts]
 
     def prepare(self, op: Op, sms: int, device: Any) -> "CommCall":
         import torch
@@ -359,6 +373,9 @@ class CopyBackend:
 
     def agree(self, value: int, device: Any) -> int:
         return int(value)
+
+    def gather(self, values: Sequence[float], device: Any) -> list[list[float]]:
+        return [[float(v) for v in values]]
 
     def prepare(self, op: Op, sms: int, device: Any) -> CommCall:
         import torch
