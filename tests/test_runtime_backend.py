@@ -99,6 +99,23 @@ def test_cpu_measure_times_the_window_and_marks_energy_failed():
     assert ops.time_s > 0 and not ops.ok
 
 
+def test_residual_collectives_run_in_order_alone_at_the_default_sms():
+    rec = Recorder()
+    b = CudaBackend(CudaConfig(device="cpu", comm="copy", warmup=0), comm=rec)
+    seen = []
+    ops = (gemm("head", 16, 16, 16), comm("pp_send", Collective.SEND_RECV, 1024, 2, Link.NETWORK),
+           memory("loss", OpKind.ELEMENTWISE, 16 * 16, 4, 2))
+    steps = b.residual_chain(ops)
+    assert len(steps) == 3 and b.residual_chain(ops) is steps  # built once per sequence
+    for i, step in enumerate(steps):
+        out = step()
+        seen.append("comm" if out is None else f"op{i}")
+    assert seen == ["op0", "comm", "op2"]
+    assert rec.log == [f"comm@{b.gpu.default_comm_sms}", "join"]  # waited on before the next op
+    r = b.measure_ops(ops, 0.01)
+    assert r.time_s > 0 and rec.log.count("join") == rec.log.count(f"comm@{b.gpu.default_comm_sms}") > 2
+
+
 def test_candidate_clock_and_sms_are_checked():
     b = _cpu()
     p = _partition()

@@ -204,12 +204,7 @@ class CudaBackend(LockedClock):
         return hit
 
     def comm_launch(self, partition: PartitionType, sms: int) -> Callable[[], Any]:
-        key = (partition.key, int(sms))
-        hit = self._comm.get(key)
-        if hit is None:
-            hit = self.comm.prepare(partition.comm, int(sms), self.device)
-            self._comm[key] = hit
-        return hit
+        return self._comm_call(partition.comm, sms, partition.key)
 
     # -- one execution -----------------------------------------------------------------------------
     def run_partition(self, partition: PartitionType, slot: str, sms: int) -> None:
@@ -262,20 +257,45 @@ class CudaBackend(LockedClock):
         return self._window(lambda: self.run_partition(partition, candidate.slot, candidate.sms), window_s)
 
     def measure_ops(self, ops: Sequence[Op], window_s: float) -> Reading:
-        from kareus.runtime.kernels import build_chain
-
-        compute = [o for o in ops if not o.is_comm]
-        key = "ops:" + "|".join(f"{o.name}:{o.flops:g}:{o.bytes:g}" for o in compute)
-        kernels = self._compute.get(key)
-        if kernels is None:
-            kernels = build_chain(compute, self.device, self.dtype, self.cfg.head_dim, self.cfg.scale)
-            self._compute[key] = kernels
+        """A plain op sequence (residual work) in order on the main stream; its collectives (pipeline
+        send/recv, the embedding's and the loss's all-reduces) run alone at the comm library's default
+        SMs, as Megatron issues them."""
+        steps = self.residual_chain(ops)
 
         def run() -> None:
-            for k in kernels:
-                k()
+            for step in steps:
+                step()
 
         return self._window(run, window_s)
+
+    def residual_chain(self, ops: Sequence[Op]) -> list[Callable[[], Any]]:
+        """One callable per op of ``ops``, in order: compute kernels, and collectives that wait for
+        their end before the next op (built once per sequence and cached)."""
+        key = "ops:" + "|".join(f"{o.name}:{o.kind}:{o.flops:g}:{o.bytes:g}" for o in ops)
+        hit = self._compute.get(key)
+        if hit is None:
+            from kareus.runtime.kernels import build_kernel
+
+            hit = [self._blocking(self._comm_call(o, self.gpu.default_comm_sms)) if o.is_comm
+                   else build_kernel(o, self.device, self.dtype, self.cfg.head_dim, self.cfg.scale) for o in ops]
+            self._compute[key] = hit
+        return hit
+
+    def _comm_call(self, op: Op, sms: int, key: str | None = None) -> Callable[[], Any]:
+        """The comm backend's launcher for ``op`` at ``sms`` SMs, prepared once per (key, SMs)."""
+        k = (key or f"op:{op.name}:{op.collective}:{op.message_bytes:g}:{op.group_size}", int(sms))
+        hit = self._comm.get(k)
+        if hit is None:
+            hit = self.comm.prepare(op, int(sms), self.device)
+            self._comm[k] = hit
+        return hit
+
+    @staticmethod
+    def _blocking(launch: Callable[[], Any]) -> Callable[[], None]:
+        def run() -> None:
+            _wait(launch())
+
+        return run
 
     def space(self, partition: PartitionType) -> list[Candidate] | None:
         return None
