@@ -5,7 +5,7 @@ import os
 import shutil
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -14,10 +14,11 @@ from kareus.components import register_all
 register_all()
 
 import hydra  # noqa: E402
+from hydra.errors import CompactHydraException  # noqa: E402
 from hydra.experimental.callback import Callback  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from kareus.config.overrides import CONFIG_MODULE, CONFIG_NAME, override_problems  # noqa: E402
+from kareus.config.overrides import CONFIG_MODULE, CONFIG_NAME, override_problems, sweep_job_label  # noqa: E402
 
 
 @dataclass
@@ -26,6 +27,7 @@ class _Job:
 
     made: Path | None = None  # the outermost folder this invocation created for its run directory
     run_dir: Path | None = None
+    refused: list[str] = field(default_factory=list)  # sweep jobs refused at run time: "job N (overrides)"
 
 
 _JOB = _Job()
@@ -136,7 +138,32 @@ def app(cfg: DictConfig) -> Any:
     try:
         return run_mode(cfg, typed, run_dir)
     except KareusError as err:
-        _fail([str(err)], run_dir)
+        job = _sweep_job()
+        if job is None:
+            _fail([str(err)], run_dir)
+        print(f"error: {job}: {err}", file=sys.stderr)
+        _remove_job_dir(run_dir)
+        _JOB.refused.append(job)
+        raise SweepJobRefused() from None
+
+
+class SweepJobRefused(CompactHydraException):
+    """A sweep job refused at run time (say, no plan meets its deadline). Hydra records the job as
+    failed and runs the others; the sweep then ends with this one line and exit 2."""
+
+    def __str__(self) -> str:
+        return f"error: {len(_JOB.refused)} sweep job(s) refused, the others ran: {'; '.join(_JOB.refused)}"
+
+
+def _sweep_job() -> str | None:
+    """``job N (overrides)`` inside a ``-m`` sweep, None in a single run."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hc = HydraConfig.get()
+    if hc.mode != RunMode.MULTIRUN:
+        return None
+    return sweep_job_label(hc.job.num, list(hc.overrides.task), sys.argv[1:])
 
 
 @hydra.main(version_base="1.3", config_path=f"pkg://{CONFIG_MODULE}", config_name=CONFIG_NAME)
@@ -171,6 +198,10 @@ def main() -> None:
     except KeyboardInterrupt:
         print(_stopped("interrupted"), file=sys.stderr)
         sys.exit(130)
+    except SystemExit as done:
+        if _JOB.refused and done.code == 1:  # Hydra's exit after the sweep: a refusal, as in one run
+            sys.exit(2)
+        raise
     finally:
         signal.signal(signal.SIGTERM, previous)
 

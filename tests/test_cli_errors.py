@@ -199,6 +199,20 @@ def test_a_sweep_with_a_bad_job_is_refused_before_any_job_runs(tmp_path):
     assert left_behind(tmp_path) == []  # no sweep folder, no MLflow store
 
 
+def test_a_sweep_job_refused_at_run_time_fails_alone_and_the_sweep_goes_on(tmp_path):
+    res = kareus(tmp_path, "-m", "+model=tiny", "parallel=pp1_tp2", "search=random", "search.budget=8",
+                 "plan.deadline_s=0.000001,1000", timeout=240)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    lines = [ln for ln in error_lines(res.stderr) if ln.startswith("error: ")]
+    assert lines[0].startswith("error: job 0 (plan.deadline_s=1e-06): plan: no plan meets plan.deadline_s=1e-06 s")
+    assert lines[-1] == "error: 1 sweep job(s) refused, the others ran: job 0 (plan.deadline_s=1e-06)"
+    assert len(lines) == 2
+    jobs = sorted((tmp_path / "runs" / "multirun").glob("*/*/[0-9]"))
+    assert [j.name for j in jobs] == ["0", "1"]
+    assert (jobs[1] / "plan_selected.yaml").is_file() and not (jobs[0] / "plan_selected.yaml").exists()
+    assert (jobs[0] / "journal.sqlite").is_file()  # the refused job's measurements are kept
+
+
 def test_every_sweep_job_is_composed_and_named():
     lines = override_problems(["-m", *MISSION, "search=mbo,nope", "search.kappa=0.1,0.2"])
     assert lines == [f"job {n} (search=nope search.kappa={k}): search=nope: no such option; allowed: artifact, "

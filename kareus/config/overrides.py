@@ -186,9 +186,29 @@ def _sweep_problems(overrides: list[str], check: JobCheck | None) -> list[str]:
     swept = {o.get_key_element() for o in parsed if o.is_sweep_override()}
     lines = []
     for num, job in enumerate(jobs):
-        label = " ".join(j for j in job if j.partition("=")[0] in swept) or " ".join(job)
+        label = _job_label(job, swept)
         cfg, problems = _compose(job, hydra=False)
         if not problems and check is not None:
             problems = check(cfg)
         lines += [f"job {num} ({label}): {line}" for line in problems]
     return lines
+
+
+def _job_label(job: Sequence[str], swept: set[str]) -> str:
+    """A sweep job by the values it sweeps (all its overrides when none is swept)."""
+    return " ".join(j for j in job if j.partition("=")[0] in swept) or " ".join(job)
+
+
+def sweep_job_label(num: int, job: Sequence[str], argv: Sequence[str]) -> str:
+    """``job N (swept values)`` for a running sweep job, named as ``override_problems`` names it."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    call = _split_args(argv)
+    swept: set[str] = set()
+    if call is not None:
+        try:
+            swept = {o.get_key_element() for o in OverridesParser.create().parse_overrides(call.overrides)
+                     if o.is_sweep_override()}
+        except Exception:  # the job runs, so its overrides parsed; fall back to all of them
+            swept = set()
+    return f"job {num} ({_job_label(job, swept)})"
