@@ -102,6 +102,35 @@ def _group_options(group: str) -> list[str]:
     return sorted(GlobalHydra.instance().config_loader().get_group_options(group))
 
 
+_INTERNAL_GROUPS = ("hydra", "schema")  # Hydra's own groups and the typed schemas behind the options
+
+
+def _choice_groups(parent: str = "") -> list[str]:
+    """Every config group a user chooses an option of, nested ones included, internal ones left out."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.object_type import ObjectType
+
+    loader = GlobalHydra.instance().config_loader()
+    out: list[str] = []
+    for name in loader.list_groups(parent):
+        group = f"{parent}/{name}" if parent else name
+        if group.split("/")[0] in _INTERNAL_GROUPS:
+            continue
+        if loader.get_group_options(group, ObjectType.CONFIG):
+            out.append(group)
+        if loader.get_group_options(group, ObjectType.GROUP):
+            out += _choice_groups(group)
+    return out
+
+
+def help_groups() -> str:
+    """``--help``'s list of config groups (``group: option, ...``), without Hydra's and the schemas'."""
+    return "\n".join(f"{g}: {', '.join(_group_options(g))}" for g in sorted(_choice_groups()))
+
+
+OmegaConf.register_new_resolver("kareus_help_groups", help_groups, replace=True)
+
+
 def _checked(cfg: DictConfig) -> tuple[dict[str, Any] | None, list[str]]:
     """(typed sections, []) for a config that can run, else (None, one line per problem)."""
     from kareus.config.validate import ConfigError, validate

@@ -140,6 +140,9 @@ def test_help_names_kareus_not_the_module():
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith("kareus") and "cli is powered by Hydra" not in res.stdout
     assert "+model=NAME" in res.stdout
+    groups = res.stdout.split("== Configuration groups ==")[1].split("== Config ==")[0]
+    assert "\nsearch: artifact, exhaustive, mbo" in groups and "\nprofiler/cooldown: " in groups
+    assert "schema" not in groups and "hydra/" not in groups  # the typed schemas are not choices
 
 
 @pytest.mark.parametrize("args, line", [
