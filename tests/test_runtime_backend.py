@@ -114,6 +114,8 @@ def test_residual_collectives_run_in_order_alone_at_the_default_sms():
     assert rec.log == [f"comm@{b.gpu.default_comm_sms}", "join"]  # waited on before the next op
     r = b.measure_ops(ops, 0.01)
     assert r.time_s > 0 and rec.log.count("join") == rec.log.count(f"comm@{b.gpu.default_comm_sms}") > 2
+    bigger = (ops[0], comm("pp_send", Collective.SEND_RECV, 64 << 20, 2, Link.NETWORK), ops[2])
+    assert b.residual_chain(bigger) is not steps  # a collective's size is part of what is measured
 
 
 def test_candidate_clock_and_sms_are_checked():

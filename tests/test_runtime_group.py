@@ -112,6 +112,35 @@ def _anchors(backend, rank: int) -> list[int]:
     return [first, second, len(policy.anchors)]
 
 
+def _compensated(backend, rank: int, out_dir: str, saved: bool) -> list:
+    """A compensating cooldown: rank 0's GPU is still warm, rank 1's is cool. With ``saved``, only
+    rank 0's journal holds the probe's fit (a crash between the ranks' commits leaves that)."""
+    import json as _json
+
+    from kareus.profiler.cooldown import CompensatedCooldown, CompensatedCooldownConfig
+    from kareus.profiler.journal import Journal
+    from kareus.types import Candidate
+
+    backend.energy = _Meter([])
+    backend._idle_c = 35.0
+    backend.temperature = (lambda: 60.0) if rank == 0 else (lambda: 36.0)
+    policy = CompensatedCooldown(CompensatedCooldownConfig(cycles=1, probe_idle_s=0.0, probe_windows=2,
+                                                           probe_window_s=0.01))
+    journal = Journal.open(f"{out_dir}/compensated_{saved}_{rank}.sqlite", "h")
+    if saved and rank == 0:
+        journal.set_meta(f"thermal:{backend.name}:CompensatedCooldown", _json.dumps({"tau_s": 25.0, "slopes": {"1410": 0.5}}))
+    prof = _profiler(backend, journal)
+    prof.cooldown = policy
+    p = _partition()
+    out = []
+    for slot in ("linear_0", "linear_1"):
+        m = prof.measure(p, Candidate(p.key, slot, 8, backend.gpu.max_mhz))
+        out.append([m.failed, m.time_s, m.energy_j])
+    journal.close()
+    del backend.temperature
+    return out
+
+
 def _worker(rank: int, port: int, out_dir: str) -> None:
     import torch.distributed as dist
 
@@ -145,6 +174,8 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     # each GPU reads its own energy; the search on every rank must see the same numbers
     res["own_energy"] = _measure(backend, [4.0 if rank == 0 else 6.0] * 8, slot="linear_0")
     res["resume"] = _resume(backend, rank, out_dir)
+    res["compensated"] = _compensated(backend, rank, out_dir, saved=False)
+    res["compensated_saved_on_one"] = _compensated(backend, rank, out_dir, saved=True)
     dist.barrier()  # both ranks get here only if neither waits in a collective the other skipped
     res["barrier"] = True
     backend.close()
@@ -213,3 +244,14 @@ def test_a_candidate_one_ranks_journal_lacks_is_measured_again_by_the_whole_grou
     assert r0["resume"]["cached"] == r1["resume"]["cached"] == {"linear_0": False, "linear_1": True}
     assert r0["resume"]["time_s"]["linear_0"] == r1["resume"]["time_s"]["linear_0"] != 1.0
     assert r0["resume"]["time_s"]["linear_1"] == r1["resume"]["time_s"]["linear_1"] == 1.0
+
+
+def test_a_heat_correction_is_the_groups_so_every_rank_records_the_same_energy(ranks):
+    r0, r1 = ranks
+    assert r0["compensated"] == r1["compensated"]
+    assert not any(failed for failed, _t, _e in r0["compensated"])
+
+
+def test_a_thermal_fit_one_ranks_journal_lacks_is_probed_again_by_the_whole_group(ranks):
+    r0, r1 = ranks
+    assert r0["compensated_saved_on_one"] == r1["compensated_saved_on_one"]

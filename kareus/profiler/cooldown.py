@@ -40,6 +40,13 @@ def group_max(backend: HardwareBackend, value: float) -> float:
     return float(agree(value)) if callable(agree) else float(value)
 
 
+def group_mean(backend: HardwareBackend, value: float) -> float:
+    """The mean of ``value`` over the backend's group of ranks (the value itself on a single GPU):
+    what each rank derives from its own GPU but records as the group's (a heat correction)."""
+    agree = getattr(backend, "agree_mean", None)
+    return float(agree(value)) if callable(agree) else float(value)
+
+
 def group_excess_c(backend: HardwareBackend) -> float:
     """Degrees above its idle temperature of the group's hottest GPU."""
     return group_max(backend, backend.temperature() - backend.idle_temperature())

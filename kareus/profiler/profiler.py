@@ -22,6 +22,7 @@ from kareus.errors import KareusError
 from kareus.events import CandidateMeasured
 from kareus.hardware.base import HardwareBackend
 from kareus.profiler.config import ProfilerConfig, section
+from kareus.profiler.cooldown import group_max, group_mean
 from kareus.profiler.journal import Journal
 from kareus.profiler.stats import mad_outliers, median
 from kareus.registry import COOLDOWNS, FREQUENCY_CONTROLLERS
@@ -132,10 +133,7 @@ class Profiler:
         the peer waiting in collectives, so the group measures again unless all ranks hold it.
         """
         hit = self._known.get(cand.key)
-        agree = getattr(self.backend, "agree_max", None)
-        if agree is not None and agree(0.0 if hit is not None else 1.0) > 0:
-            return None
-        return hit
+        return hit if group_max(self.backend, 0.0 if hit is not None else 1.0) == 0 else None
 
     def close(self) -> None:
         """Give the clocks back (the frequency controller resets them)."""
@@ -189,7 +187,8 @@ class Profiler:
             return
         key = f"thermal:{self.backend.name}:{type(self.cooldown).__name__}"
         saved = self.journal.get_meta(key) if self.journal is not None else None
-        if saved is not None:  # this GPU was probed earlier in the run (or before a resume)
+        # probed earlier in the run (or before a resume) on every GPU of the group: else all probe again
+        if group_max(self.backend, 0.0 if saved is not None else 1.0) == 0:
             self.cooldown.load_state(json.loads(saved))
             return
 
@@ -253,7 +252,9 @@ class Profiler:
             good.append(reading)
             if observe is not None:
                 observe(reading, start_c, self.backend.temperature(), self.backend.idle_temperature())
-            excess.append(correct(reading, start_c, self.backend.idle_temperature()) if correct else 0.0)
+            # each GPU's extra heat, recorded as the group's mean (the reading's energy is the group's mean)
+            excess.append(group_mean(self.backend, correct(reading, start_c, self.backend.idle_temperature()))
+                          if correct else 0.0)
         return self._aggregate(cand, good, retried, excess)
 
     def _read(self, read: Callable[[float], Reading], window: float, seen: list[Reading]) -> tuple[Reading | None, int]:

@@ -169,6 +169,14 @@ class CudaBackend(LockedClock):
         (cooldowns, thermal anchors) must be decided alike on every rank, or collectives mismatch."""
         return self._agree(math.ceil(float(value) * 1000.0)) / 1000.0
 
+    def agree_mean(self, value: float) -> float:
+        """The group's mean of ``value``, identical on every rank (the same sum in rank order)."""
+        gather = getattr(self.comm, "gather", None)
+        if gather is None:
+            return float(value)
+        ranks = gather([float(value)], self.device)
+        return math.fsum(row[0] for row in ranks) / len(ranks)
+
     def _agree(self, value: int) -> int:
         agree = getattr(self.comm, "agree", None)
         return int(agree(int(value), self.device)) if agree is not None else int(value)
@@ -271,7 +279,7 @@ class CudaBackend(LockedClock):
     def residual_chain(self, ops: Sequence[Op]) -> list[Callable[[], Any]]:
         """One callable per op of ``ops``, in order: compute kernels, and collectives that wait for
         their end before the next op (built once per sequence and cached)."""
-        key = "ops:" + "|".join(f"{o.name}:{o.kind}:{o.flops:g}:{o.bytes:g}" for o in ops)
+        key = "ops:" + repr(tuple(ops))  # every field: a collective's size is its message_bytes
         hit = self._compute.get(key)
         if hit is None:
             from kareus.runtime.kernels import build_kernel

@@ -181,7 +181,8 @@ class _DistBackend:
             return CommCall(lambda: dist.all_reduce(buf, group=group, async_op=a), buf)
         if coll is Collective.ALL_GATHER:
             src, dst = torch.full((n,), mark, **kw), torch.empty(n * ws, **kw)
-            return CommCall(lambda: dist.all_gather_into_tensor(dst, src, group=group, async_op=a), dst)
+            ag = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # the new name, else the old
+            return CommCall(lambda: ag(dst, src, group=group, async_op=a), dst)
         if coll is Collective.REDUCE_SCATTER:
             src, dst = torch.full((n * ws,), mark, **kw), torch.empty(n, **kw)
             rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
