@@ -62,3 +62,32 @@ def test_memory_ops_and_comm_ops():
     assert kernel_kind(gemm("g", 8, 8, 8)) == "gemm"
     with pytest.raises(ValueError, match="comm op"):
         kernel_kind(comm("ar", Collective.ALL_REDUCE, 1e6, 2, Link.NVLINK))
+
+
+@pytest.mark.parametrize("cp", [1, 2, 4])
+def test_attention_kernels_do_the_ops_flops_under_context_parallelism(cp):
+    """Under cp each GPU's queries also score the all-gathered keys before their chunks."""
+    from kareus.types import ModelSpec, ParallelSpec
+    from kareus.workload import build_workload
+
+    model = ModelSpec(name="m", num_layers=2, hidden_size=1024, ffn_hidden_size=2816, num_attention_heads=16,
+                      num_kv_heads=4, head_dim=64, vocab_size=32000)
+    par = ParallelSpec(tp=2, pp=1, cp=cp, micro_batch_size=2, num_microbatches=2, seq_len=4096)
+    ops = [o for stage in build_workload(model, par).stages for o in (*stage.layer_fwd, *stage.layer_bwd)
+           if o.kind is OpKind.ATTENTION]
+    assert len(ops) == 2
+    for op in ops:
+        s = attention_shape(op)
+        assert s.cp == cp and s.seq == 4096 // cp  # the query tokens of one sequence on this GPU
+        assert s.flops == pytest.approx(op.flops, rel=1e-9)
+
+
+def test_a_context_parallel_attention_kernel_runs_its_chunks_forward_and_backward():
+    torch = pytest.importorskip("torch")
+    from kareus.runtime.kernels import build_kernel
+
+    for name in ("attention", "attention_bwd"):
+        op = Op(name, OpKind.ATTENTION, flops=1.0, bytes=1.0, shape=(1, 2, 64, 16, 2))
+        kernel = build_kernel(op, torch.device("cpu"), torch.float32)
+        out = kernel()
+        assert len(out) == (2 if name == "attention" else 6)  # two calls; backward: dq, dk, dv of each

@@ -190,12 +190,12 @@ def test_flops_match_megatron_formula(model, layout):
 
 
 def test_kernel_shapes_are_carried_for_the_runtime():
-    """GEMMs carry (m, k, n) and attention (batch, heads, seq, head_dim), consistent with their FLOPs."""
+    """GEMMs carry (m, k, n) and attention (batch, heads, seq, head_dim, cp), consistent with their FLOPs."""
     w = build_workload(LLAMA, ParallelSpec(tp=2, pp=2, micro_batch_size=4, num_microbatches=4, seq_len=2048))
     ops = ops_by_name(w.stages[0].layer_fwd)
     m, k, n = ops["qkv"].shape
     assert (m, k) == (2 * 2048, 3072) and n == (24 // 2 + 2 * 8 // 2) * 128
     assert ops["qkv"].flops == 2.0 * m * k * n
-    b, heads, seq, d = ops["attention"].shape
-    assert (b, heads, seq, d) == (2, 12, 2048, 128)
+    b, heads, seq, d, cp = ops["attention"].shape
+    assert (b, heads, seq, d, cp) == (2, 12, 2048, 128, 1)
     assert ops["attention"].flops == pytest.approx(4.0 * b * heads * d * seq * seq / 2)

@@ -47,21 +47,39 @@ def build_kernel(op: Op, device: Any, dtype: Any, head_dim: int = 128, scale: fl
 
 
 def _attention(op: Op, device: Any, dtype: Any, head_dim: int, scale: float) -> Kernel:
+    """Causal flash attention at the op's shape. Under context parallelism (all-gathered K/V, two
+    load-balanced query chunks of c tokens per sequence) each chunk scores its own c x c causal block
+    and the keys of the chunks before it; here that is one causal call on both chunks and one
+    unmasked call of their queries against (2 cp - 1) c / 2 keys each: the same pairs, the same FLOPs."""
     import torch
     import torch.nn.functional as F
 
     s = attention_shape(op, head_dim)
     seq = max(8, int(s.seq * scale))
     heads = max(1, int(s.heads * scale)) if scale < 1 else s.heads
-    shape = (s.batch, heads, seq, s.head_dim)
-    if not s.backward:
-        q, k, v = (torch.randn(shape, device=device, dtype=dtype) for _ in range(3))
-        return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    q, k, v = (torch.randn(shape, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    grad = torch.randn_like(out)
-    # retain_graph keeps the saved tensors, so each call runs only the backward kernel
-    return lambda: torch.autograd.grad(out, (q, k, v), grad, retain_graph=True)
+    if s.cp > 1:
+        c = max(8, seq // 2)
+        chunks = (2 * s.batch, heads, c, s.head_dim)
+        before = (2 * s.batch, heads, (2 * s.cp - 1) * c // 2, s.head_dim)
+        calls = [(chunks, chunks, True), (chunks, before, False)]
+    else:
+        shape = (s.batch, heads, seq, s.head_dim)
+        calls = [(shape, shape, True)]
+    grad = s.backward
+    tensors = [(torch.randn(q, device=device, dtype=dtype, requires_grad=grad),
+                torch.randn(kv, device=device, dtype=dtype, requires_grad=grad),
+                torch.randn(kv, device=device, dtype=dtype, requires_grad=grad), causal) for q, kv, causal in calls]
+    if not grad:
+        def forward() -> Any:
+            outs = [F.scaled_dot_product_attention(q, k, v, is_causal=causal) for q, k, v, causal in tensors]
+            return outs[0] if len(outs) == 1 else outs
+
+        return forward
+    outs = [F.scaled_dot_product_attention(q, k, v, is_causal=causal) for q, k, v, causal in tensors]
+    grads = [torch.randn_like(o) for o in outs]
+    inputs = [t for q, k, v, _ in tensors for t in (q, k, v)]
+    # retain_graph keeps the saved tensors, so each call runs only the backward kernels
+    return lambda: torch.autograd.grad(outs, inputs, grads, retain_graph=True)
 
 
 def build_chain(ops: Sequence[Op], device: Any, dtype: Any, head_dim: int = 128, scale: float = 1.0) -> list[Kernel]:

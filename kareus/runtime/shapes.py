@@ -4,7 +4,7 @@ The workload graph records a GEMM ``[m,k] x [k,n]`` as ``2mkn`` FLOPs and ``2(mk
 attention as its score FLOPs and Q/K/V/O bytes. Those two numbers fix a GEMM's shape up to a
 permutation only if two of its dims are equal, so the runtime assumes ``k = n`` unless the op carries
 an explicit ``shape`` (an optional attribute: ``(m, k, n)`` for a GEMM, ``(batch, heads, seq,
-head_dim)`` for attention). The derived kernel does the op's FLOPs and moves its bytes to within the
+head_dim[, cp])`` for attention, ``seq`` the query tokens per sequence on this GPU). The derived kernel does the op's FLOPs and moves its bytes to within the
 rounding to multiples of 8 that keeps tensor cores busy.
 """
 from __future__ import annotations
@@ -35,16 +35,21 @@ class GemmShape:
 
 @dataclass(frozen=True)
 class AttentionShape:
+    """One GPU's causal attention: ``seq`` query tokens per sequence. Under context parallelism
+    (``cp`` > 1) those are two load-balanced chunks of the sequence whose queries score the
+    all-gathered keys before them too: ``cp`` times the pairs of a causal ``seq`` x ``seq`` block."""
+
     batch: int
     heads: int
     seq: int
     head_dim: int
     backward: bool = False
+    cp: int = 1
 
     @property
     def flops(self) -> float:
         """Causal score FLOPs (forward), times 2.5 for the backward kernel."""
-        f = 2.0 * self.batch * self.heads * self.seq * self.seq * self.head_dim
+        f = 2.0 * self.batch * self.heads * self.seq * self.seq * self.head_dim * self.cp
         return f * ATTENTION_BWD_FLOPS if self.backward else f
 
 
@@ -93,8 +98,8 @@ def attention_shape(op: Op, head_dim: int = 128) -> AttentionShape:
     backward = op.name.endswith("_bwd")
     shape = getattr(op, "shape", None)
     if shape:
-        b, h, s, d = (int(x) for x in shape)
-        return AttentionShape(b, h, s, d, backward)
+        b, h, s, d, *cp = (int(x) for x in shape)
+        return AttentionShape(b, h, s, d, backward, cp[0] if cp else 1)
     if op.flops <= 0 or op.bytes <= 0:
         raise ValueError(f"attention op {op.name!r} needs FLOPs and bytes to size its kernel")
     flops = op.flops / (ATTENTION_BWD_FLOPS if backward else 1.0)

@@ -37,9 +37,10 @@ def _sp_in(name: str, s: Shard, sp: bool, link: Link) -> list[Op]:
     return [comm(f"{name}_allgather", Collective.ALL_GATHER, s.sp_tokens * s.hidden * BYTES, s.tp, link)]
 
 
-def attention_shape(model: ModelSpec, s: Shard) -> tuple[int, int, int, int]:
-    """(sequences, query heads, query tokens per sequence, head dim) of one GPU's attention kernel."""
-    return (s.sequences, s.heads_local, s.tokens // s.sequences, model.head_dim)
+def attention_shape(model: ModelSpec, s: Shard) -> tuple[int, int, int, int, int]:
+    """(sequences, query heads, query tokens per sequence, head dim, cp) of one GPU's attention
+    kernel; under cp its queries also score the all-gathered keys of the chunks before theirs."""
+    return (s.sequences, s.heads_local, s.tokens // s.sequences, model.head_dim, s.cp)
 
 
 def attention_flops(s: Shard) -> float:
