@@ -145,3 +145,19 @@ def test_perseus_exponential_falls_back_to_the_hull_where_the_fit_is_undefined(l
     hull = COMPOSERS.build("perseus", config={"name": "perseus", "cost_model": "hull"}).compose(dag, opts, 85.0, 2, 2)
     assert exp.hull_fallbacks == len(dag.keys)
     assert [(p.time_s, p.energy_j) for p in got.frontier] == [(p.time_s, p.energy_j) for p in hull.frontier]
+
+
+def test_the_cheapest_plan_is_found_when_it_is_slower_than_the_lp_optimum():
+    """Options above the convex hull can make a slower iteration cheaper than the LP's optimum."""
+    rng = np.random.default_rng(22)
+    options = {}
+    for s in range(2):
+        for d, scale in ((F, 1), (B, 2)):
+            t = np.sort(rng.uniform(1, 3, 3)) * scale
+            e = np.sort(rng.uniform(1, 5, 3))[::-1] * scale
+            options[(s, d)] = [InstructionOption(float(a), float(b), 1000 + i, {}) for i, (a, b) in enumerate(zip(t, e))]
+    dag = pipeline_dag("1f1b", 2, 2)
+    model = CostModel(dag, options, 5.0, 1, 2)
+    best = min((model.assess(c) for c in itertools.product(*[range(3)] * len(dag))), key=lambda a: a.energy_j)
+    frontier = KareusComposer().compose(dag, options, 5.0, 1, 2)
+    assert min(frontier.energies) == pytest.approx(best.energy_j, rel=1e-12)

@@ -186,3 +186,10 @@ def test_plans_must_cover_each_instruction_once(plans, mutate, match):
     mutate(data)
     with pytest.raises(PlanFormatError, match=match):
         plan_from_dict(data)
+
+
+def test_a_one_row_frontier_table_shows_one_plan(plans):
+    from kareus.plan.report import frontier_table
+
+    assert len(plans) > 1
+    assert frontier_table(plans, max_rows=1).row_count == 1

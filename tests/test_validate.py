@@ -101,6 +101,11 @@ def test_pipeline_needs_at_least_pp_microbatches():
         "parallel.num_microbatches: 1 is fewer than pp=2; the 1F1B pipeline would never fill"]
 
 
+def test_an_unknown_pipeline_schedule_is_refused_before_anything_runs():
+    assert problems("parallel.schedule=gpipe") == [
+        "parallel.schedule: must be a known pipeline schedule (1f1b), got 'gpipe'"]
+
+
 def test_tp_must_divide_attention_heads():
     # tp | kv heads and kv heads | heads imply tp | heads, so this rule always fires beside another.
     assert problems("model.num_attention_heads=20", "model.num_kv_heads=4") == [

@@ -12,7 +12,10 @@ its options' (time, dynamic energy), finish by D, minimise total energy" is a li
 HiGHS solves the first deadline from scratch and every further one from the previous optimal basis
 (only the bound on T moves), so a sweep costs a few simplex pivots per deadline; Perseus'
 Phillips-Dessouky walk instead solves a max-flow for every time quantum. The sweep covers the
-fastest iteration up to the LP's unconstrained energy optimum (slower is never better).
+fastest iteration up to the LP's unconstrained energy optimum: on the hull, slower is never better.
+Measured options above the hull can still make a slower iteration cheaper, so the cheapest point
+found then descends: each instruction in turn takes the slower option that lowers the exact total
+energy most (its longer path may lengthen the iteration), until no move helps.
 
 Each LP solution is rounded to measured options (the cheapest option no slower than d_i, which keeps
 the deadline, and the nearest option); then slack is reclaimed greedily, in reverse and in forward
@@ -148,7 +151,52 @@ class KareusComposer:
                             break
                         cur = new
                         add(cur)
+        for cheap in sorted(results, key=lambda a: a.energy_j)[:DESCENT_STARTS]:
+            pos = np.array([int(np.flatnonzero(tb.idx == c)[0]) for tb, c in zip(node_tab, cheap.choice)])
+            for _ in range(DESCENT_PASSES):
+                new = _slow_down(dag, node_tab, pos, static_power_w * num_stages)
+                if np.array_equal(new, pos):
+                    break
+                pos = new
+                add(pos)
         return IterationFrontier.from_assignments(results, model, self.name, time.perf_counter() - start)
+
+
+DESCENT_STARTS = 2  # the cheapest points found that each descend
+DESCENT_PASSES = 8  # at most this many passes per descent (each stops early once no move helps)
+
+
+def _slow_down(dag: PipelineDAG, node_tab: Sequence[_KeyTable], pos: np.ndarray, static_per_s: float) -> np.ndarray:
+    """One pass of exact energy descent: each node in turn takes the slower option that lowers
+    dynamic energy + ``static_per_s`` x iteration time most (both per GPU of a stage).
+
+    Slowing node i alone leaves its earliest start and the longest path after it unchanged, so the
+    new iteration time is max(T, start_i + d_i' + tail_i), exact for every option at once.
+    """
+    pos = pos.copy()
+    succs = dag.succs
+    dur = np.array([tb.t[p] for tb, p in zip(node_tab, pos)])
+    start, finish = critical_path(dag, dur)
+    makespan = float(finish.max())
+    tail = np.zeros(len(dag))  # longest path from a node's end to the iteration's end
+    for i in range(len(dag) - 1, -1, -1):
+        tail[i] = max((dur[s] + tail[s] for s in succs[i]), default=0.0)
+    for i, tb in enumerate(node_tab):
+        p = pos[i]
+        if p + 1 >= len(tb.t):
+            continue
+        ends = np.maximum(makespan, start[i] + tb.t[p + 1:] + tail[i])
+        gain = (tb.e[p] - tb.e[p + 1:]) - static_per_s * (ends - makespan)
+        j = int(np.argmax(gain))
+        if gain[j] <= 1e-12 * max(1.0, abs(tb.e[p])):
+            continue
+        pos[i] = p + 1 + j
+        dur[i] = tb.t[pos[i]]
+        start, finish = critical_path(dag, dur)
+        makespan = float(finish.max())
+        for k in range(len(dag) - 1, -1, -1):
+            tail[k] = max((dur[s] + tail[s] for s in succs[k]), default=0.0)
+    return pos
 
 
 def _round(node_tab: Sequence[_KeyTable], d: np.ndarray, nearest: bool) -> np.ndarray:

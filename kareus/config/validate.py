@@ -86,6 +86,12 @@ def validate_model_parallel(model: Any, p: Any, gpus_per_node: int) -> list[str]
     if p.num_microbatches < p.pp:
         problems.append(f"parallel.num_microbatches: {p.num_microbatches} is fewer than pp={p.pp}; "
                         "the 1F1B pipeline would never fill")
+    import kareus.compose.schedule  # noqa: F401  (registers the schedules)
+    from kareus.registry import SCHEDULES
+
+    if p.schedule not in SCHEDULES:
+        problems.append(f"parallel.schedule: must be a known pipeline schedule ({', '.join(SCHEDULES.names())}), "
+                        f"got {p.schedule!r}")
     if model is None:
         return problems
     m = model

@@ -98,7 +98,7 @@ def make_plans(frontier: IterationFrontier, partitioning: Partitioning | None = 
         plans.append(ExecutionPlan(
             schema_version=SCHEMA_VERSION, config_hash=config_hash, hardware=hardware, composer=frontier.composer,
             schedule=dag.schedule, index=index, num_stages=dag.num_stages, num_microbatches=dag.num_microbatches,
-            gpus_per_stage=frontier.model.gpus_per_stage, static_power_w=float(frontier.model.static_power_w),
+            gpus_per_stage=int(frontier.model.gpus_per_stage), static_power_w=float(frontier.model.static_power_w),
             predicted_time_s=float(a.time_s), predicted_energy_j=float(a.energy_j),
             predicted_dynamic_energy_j=float(a.dynamic_energy_j), stages=tuple(stages)))
     return plans

@@ -68,8 +68,8 @@ def frontier_table(plans: Sequence[ExecutionPlan], reference: Assignment | None 
                       "-", "-", "reference", style="bold")
     rows = list(plans)
     if len(rows) > max_rows:  # keep both ends, the selected plan and an even spread
-        step = (len(rows) - 1) / (max_rows - 1)
-        keep = {round(i * step) for i in range(max_rows)}
+        step = (len(rows) - 1) / (max_rows - 1) if max_rows > 1 else 0.0
+        keep = {round(i * step) for i in range(max(max_rows, 1))}
         if selected is not None:
             keep.add(selected.index)
         rows = [p for p in rows if p.index in keep]
