@@ -79,3 +79,23 @@ def test_qnehvi_skips_cleanly_or_runs():
     prob, gpu = problem(14)  # the 12-point shared design, then one batch of 2
     res = SEARCHERS.build("qnehvi", config={"seed": 0, "batch_size": 2, "mc_samples": 8}).run(prob)
     assert len(res.measurements) == 14 == gpu.calls
+
+
+@pytest.mark.parametrize("name", ["mbo", "artifact", "qnehvi"])
+def test_a_model_based_searcher_goes_on_when_every_initial_point_failed(name):
+    """A slot or clock that crashes is valid input: with nothing to fit yet, widen the design at random."""
+    if name == "qnehvi" and not available():
+        pytest.skip(MISSING)
+    part = synthetic_partition()
+    space = build_space(part, SYNTH_GPU, SpaceConfig())
+    init = latin_hypercube(space, part, 12, 0)
+    gpu = SyntheticGPU(part, fail=set(init))
+    prob = SearchProblem(part, space, gpu.evaluate, 30, 0, SYNTH_GPU.static_power_w, init)
+    res = SEARCHERS.build(name, config={"seed": 0}).run(prob)
+    assert len(res.measurements) == 30 and len(res.frontier) >= 1
+
+
+def test_every_searcher_draws_the_same_default_initial_design_whatever_its_batch_size():
+    from kareus.search.config import QNEHVIConfig, SearcherConfig, initial_size
+
+    assert initial_size(QNEHVIConfig(), 108) == initial_size(SearcherConfig(), 108) == 27

@@ -179,6 +179,14 @@ def test_yaml_ablation_override_composes(compose):
         to_dataclass(SEARCHERS.get(name).config_cls, sec)
 
 
+@pytest.mark.parametrize("passes", [["coverage"], ["local"], ["local", "coverage"]])
+def test_passes_that_pick_only_some_candidates_need_a_regular_pass_beside_them(passes):
+    lines = config_problems(MBOConfig(passes=[PassName(p) for p in passes]))
+    assert lines == [f"search.passes: {passes} run dry before the budget is spent; "
+                     "add one of: total, dynamic, static, uncertainty, fastest, spread"]
+    assert config_problems(MBOConfig(passes=[PassName(p) for p in (*passes, "total")])) == []
+
+
 def test_yaml_bad_pass_fails_at_composition(compose):
     with pytest.raises(Exception, match="dynamc"):
         compose(["search.passes=[total,dynamc]"])

@@ -54,6 +54,7 @@ class RidgeBasis(str, Enum):
     auto = "auto"  # whichever (with its penalty) has the lower leave-one-out error, per fit
 
 
+BATCH_POLICIES = ("local", "coverage")  # passes that pick only some candidates, and then none
 HVI_PASSES = ("total", "dynamic", "static", "local")  # passes that score a hypervolume improvement (search.expected, search.per_clock)
 
 
@@ -174,11 +175,15 @@ def budget_for(cfg: SearcherConfig, space_size: int) -> int:
     return max(1, min(int(n), space_size))
 
 
+INITIAL_CAP = 32  # the default initial design's largest size, whatever a searcher's batch size
+
+
 def initial_size(cfg: SearcherConfig, budget: int) -> int:
-    """Size of the initial design (it counts against the budget)."""
+    """Size of the initial design (it counts against the budget). The default depends on the budget
+    alone, so every searcher with the same seed and budget starts from the same points."""
     if cfg.initial is not None:
         return max(1, min(cfg.initial, budget))
-    return max(1, min(cfg.batch_size, max(6, budget // 4), budget))
+    return max(1, min(INITIAL_CAP, max(6, budget // 4), budget))
 
 
 def config_problems(cfg: SearcherConfig) -> list[str]:
@@ -218,6 +223,10 @@ def _mbo_problems(cfg: MBOConfig) -> list[str]:
         out.append(f"search.shares: must be >= 0, got {neg}")
     if cfg.passes and sum(cfg.shares.get(p.value, 0.0) for p in cfg.passes) <= 0:
         out.append("search.shares: the chosen passes' shares sum to 0")
+    if cfg.passes and all(p.value in BATCH_POLICIES for p in cfg.passes):
+        regular = [p.value for p in PassName if p.value not in BATCH_POLICIES]
+        out.append(f"search.passes: {[p.value for p in cfg.passes]} run dry before the budget is spent; "
+                   f"add one of: {', '.join(regular)}")
     s = cfg.surrogate
     if s.members < 2:
         out.append(f"search.surrogate.members: must be >= 2 (the spread is the uncertainty), got {s.members}")

@@ -48,6 +48,20 @@ def start(run: SearchRun, cfg: Any, label: str = "initial") -> None:
     run.finish_batch()
 
 
+MIN_FIT_POINTS = 3  # successful measurements a surrogate needs before it guides a batch
+
+
+def widened_at_random(run: SearchRun, pool: np.ndarray, k: int, rng: np.random.Generator) -> bool:
+    """Measure ``k`` random candidates of ``pool`` while too few measurements succeeded to fit a
+    model (say, every initial point failed); True if it did, and the batch is done."""
+    if len(run.ok()) >= MIN_FIT_POINTS:
+        return False
+    picks = rng.choice(pool, size=min(k, len(pool)), replace=False)
+    run.evaluate(picks, [{"pass": "random"} for _ in picks])
+    run.finish_batch()
+    return True
+
+
 def predict(run: SearchRun, surrogate_cfg: SurrogateConfig, pool: np.ndarray, seed: int) -> tuple[dict, dict]:
     """Fit the surrogate on the measured points; member samples of every objective for ``pool``.
 
@@ -168,10 +182,7 @@ class MBOSearcher:
         batch = round_batch(cfg, run.remaining)
         grid = grid_ranks(run)
         for pool, k in run.batch_pools(batch):
-            if len(run.ok()) < 3:  # nothing to model yet: widen the design at random
-                picks = rng.choice(pool, size=k, replace=False)
-                run.evaluate(picks, [{"pass": "random"} for _ in picks])
-                run.finish_batch()
+            if widened_at_random(run, pool, k, rng):  # nothing to model yet
                 continue
             timer = Timer()
             samples, measured = predict(run, cfg.surrogate, pool, problem.seed + 7919 * run.batches)

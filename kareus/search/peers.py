@@ -12,7 +12,7 @@ from kareus.search.base import SearchProblem, SearchResult
 from kareus.search.common import SearchRun, Timer
 from kareus.search.config import (ArtifactConfig, ExhaustiveConfig, NSGA2Config, OptunaConfig, RandomConfig,
                                   SurrogateConfig, TPEConfig, round_batch)
-from kareus.search.mbo import annotate, fill_batch, predict, predicted_gain, start
+from kareus.search.mbo import annotate, fill_batch, predict, predicted_gain, start, widened_at_random
 
 
 @SEARCHERS.register("exhaustive", ExhaustiveConfig)
@@ -69,7 +69,10 @@ class ArtifactSearcher:
         surrogate = SurrogateConfig(members=cfg.members, linear_base=False, clip_margin=1.0,
                                     center=False)  # the policy as first benchmarked: wide clip
         batch = round_batch(cfg, run.remaining)
+        rng = np.random.default_rng(problem.seed)
         for pool, k in run.batch_pools(batch):
+            if widened_at_random(run, pool, k, rng):  # nothing to model yet
+                continue
             timer = Timer()
             samples, measured = predict(run, surrogate, pool, problem.seed + 7919 * run.batches)
             fit_s = timer.lap()

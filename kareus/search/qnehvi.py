@@ -12,7 +12,7 @@ from kareus.registry import SEARCHERS
 from kareus.search.base import SearchProblem, SearchResult
 from kareus.search.common import SearchRun, Timer
 from kareus.search.config import QNEHVIConfig, round_batch
-from kareus.search.mbo import start
+from kareus.search.mbo import start, widened_at_random
 
 MISSING = ("search=qnehvi needs the optional extra botorch (with torch): "
            "pip install torch==2.13.0 botorch")
@@ -61,7 +61,10 @@ class QNEHVISearcher:
         Xt = torch.tensor(X, dtype=torch.double)
         start(run, cfg)
         batch = round_batch(cfg, run.remaining)
+        rng = np.random.default_rng(problem.seed)
         for pool, k in run.batch_pools(batch):
+            if widened_at_random(run, pool, k, rng):  # nothing to fit the GPs to yet
+                continue
             timer = Timer()
             ok = run.ok()
             obj = run.objectives(ok)
