@@ -170,6 +170,10 @@ def test_an_error_inside_a_users_yaml_names_the_key_and_the_file(tmp_path, body,
     (["--config-dir", "no_such_conf", "+model=qwen1.7b"], "error: --config-dir: "),
     (["+model=qwen1.7b", "search=null"], "error: search=null: a config group needs an option"),
     (["+model=tiny", "parallel=pp1_tp2", "tracking.uri="], "error: tracking.uri: empty"),
+    (["+model=tiny", "parallel=pp1_tp2", "tracking.uri=mlruns"], "error: tracking.uri: MLflow's file store is retired"),
+    (["+model=tiny", "parallel=pp1_tp2", "tracking.uri=file:///tmp/mlruns"], "error: tracking.uri: MLflow's file store"),
+    (["+model=tiny", "parallel=pp1_tp2", "tracking.experiment="], "error: tracking.experiment: must name"),
+    (["+model=tiny", "parallel=pp1_tp2", "parallel.schedule=gpipe"], "error: parallel.schedule: must be a known"),
 ])
 def test_refused_with_one_line_exit_2_nothing_written(tmp_path, args, first):
     res = kareus(tmp_path, *args)
@@ -214,6 +218,12 @@ def test_a_sweep_job_refused_at_run_time_fails_alone_and_the_sweep_goes_on(tmp_p
     assert [j.name for j in jobs] == ["0", "1"]
     assert (jobs[1] / "plan_selected.yaml").is_file() and not (jobs[0] / "plan_selected.yaml").exists()
     assert (jobs[0] / "journal.sqlite").is_file()  # the refused job's measurements are kept
+
+
+def test_a_describe_sweep_records_nothing(tmp_path):
+    res = kareus(tmp_path, "-m", "mode=describe", "+model=tiny", "parallel=pp1_tp2,pp2_tp2")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert not (tmp_path / "runs" / "mlflow.db").exists() and "MlflowSweepCallback" not in res.stderr
 
 
 def test_every_sweep_job_is_composed_and_named():

@@ -38,8 +38,9 @@ class MlflowSweepCallback(Callback):
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
         tracking = as_tracking_config(config.get("tracking")) if "tracking" in config else None
-        if tracking is None or not tracking.enabled:
-            return
+        mode = config.get("mode")
+        if tracking is None or not tracking.enabled or str(getattr(mode, "value", mode)) == "describe":
+            return  # describe records nothing
         hydra = config.hydra
         cwd = hydra.runtime.cwd or os.getcwd()
         self._client, self._experiment_id, _ = connect(tracking.uri, tracking.experiment,

@@ -28,11 +28,23 @@ class TrackingConfig:
     telemetry: bool = False  # MLflow's own usage telemetry; off unless asked for
 
     def problems(self, ctx: Any = None) -> list[str]:
-        """An empty ``uri`` would make MLflow pick ./mlflow.db (or $MLFLOW_TRACKING_URI) silently."""
-        if self.enabled and not str(self.uri or "").strip():
-            return ["tracking.uri: empty; give a store (default sqlite:///runs/mlflow.db) or a server "
-                    "http://HOST:PORT, or set tracking.enabled=false"]
-        return []
+        """Settings MLflow would refuse mid-run, or silently replace: an empty ``uri`` makes it pick
+        ./mlflow.db (or $MLFLOW_TRACKING_URI); a folder or ``file:`` URI is its retired file store."""
+        if not self.enabled:
+            return []
+        from urllib.parse import urlparse
+
+        uri = str(self.uri or "").strip()
+        out = []
+        if not uri:
+            out.append("tracking.uri: empty; give a store (default sqlite:///runs/mlflow.db) or a server "
+                       "http://HOST:PORT, or set tracking.enabled=false")
+        elif urlparse(uri).scheme in ("", "file") or len(urlparse(uri).scheme) == 1:  # c:\... is a path too
+            out.append("tracking.uri: MLflow's file store is retired; use a database such as "
+                       f"sqlite:///runs/mlflow.db or a server http://HOST:PORT, got {uri!r}")
+        if not str(self.experiment or "").strip():
+            out.append(f"tracking.experiment: must name an MLflow experiment (default kareus), got {self.experiment!r}")
+        return out
 
 
 register_schema("tracking", "default", TrackingConfig)

@@ -112,11 +112,6 @@ def resolve_uri(uri: str, base_dir: str | os.PathLike | None = None) -> str:
         path = path.resolve()
         path.parent.mkdir(parents=True, exist_ok=True)
         return "sqlite:///" + str(path) + (f"?{query}" if query else "")
-    parsed = urlparse(uri)
-    if parsed.scheme == "" and uri:  # a bare folder: MLflow's file store
-        path = Path(uri) if Path(uri).is_absolute() else base / uri
-        path.mkdir(parents=True, exist_ok=True)
-        return str(path.resolve())
     return uri
 
 
