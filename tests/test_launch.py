@@ -139,6 +139,19 @@ def test_the_backend_is_closed_after_the_search_even_when_it_fails(tmp_path, mon
     assert closed == ["sim", "sim"]
 
 
+def _killed(task):
+    os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer ends a worker
+
+
+def test_a_worker_that_dies_is_one_clear_error_not_a_broken_pool(tmp_path, monkeypatch):
+    import kareus.launch.launchers as launchers
+
+    monkeypatch.setattr(launchers, "run_search_task", _killed)  # forked workers see the patch
+    launcher = LAUNCHERS.build("process", config={"workers": 1, "start_method": "fork"})
+    with pytest.raises(launchers.WorkerLost, match="worker process died"):
+        launcher.run(sim_tasks(tmp_path / "j.sqlite", seeds=(2,)))
+
+
 def test_a_missing_process_group_stops_a_real_gpu_search_at_once(tmp_path, monkeypatch):
     pytest.importorskip("torch")
     import torch.distributed as dist

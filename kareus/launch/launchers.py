@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from kareus.config.bounds import out_of_bounds
+from kareus.errors import KareusError
 from kareus.launch.task import PartitionSearchTask, gpus_needed, run_search_task
 from kareus.registry import LAUNCHERS
 from kareus.search.base import SearchResult
@@ -63,6 +64,11 @@ class ProcessLauncherConfig:
         return out
 
 
+class WorkerLost(KareusError):
+    """A worker process (or Ray worker or node) running a partition search died: killed, out of
+    memory, a lost node. What it measured is in the journal; the run can be resumed."""
+
+
 @LAUNCHERS.register("process", ProcessLauncherConfig)
 class ProcessLauncher:
     """A pool of worker processes on this machine; each task builds (and owns) its backend."""
@@ -93,8 +99,12 @@ class ProcessLauncher:
                 while _dispatch(q, listeners, queue_mod.Empty, 0.0):
                     pass
                 return [f.result() for f in futures]
-        except BaseException:  # Ctrl-C, SIGTERM, a failed task: stop the others now, not after they finish
+        except BaseException as err:  # Ctrl-C, SIGTERM, a failed task: stop the others now, not after they finish
             _terminate_workers(pool)
+            from concurrent.futures.process import BrokenProcessPool
+
+            if isinstance(err, BrokenProcessPool):
+                raise WorkerLost("launcher: a partition-search worker process died (killed, or out of memory?)") from None
             raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
@@ -180,8 +190,8 @@ class RayLauncher:
         shim = _broken_amdsmi_shim()
         try:
             import ray
-        except ImportError as e:  # pragma: no cover - depends on the environment
-            raise RuntimeError("launcher=ray needs Ray: pip install 'kareus[ray]'") from e
+        except ImportError:  # pragma: no cover - depends on the environment
+            raise KareusError("launcher: launcher=ray needs Ray: pip install 'kareus[ray]'") from None
         if not tasks:
             return []
         started = False
@@ -207,28 +217,38 @@ class RayLauncher:
             have = float(ray.cluster_resources().get("GPU", 0.0))
             need = max(self._gpus(t) for t in tasks)
             if need > have:
-                raise RuntimeError(f"a partition search needs {need:g} GPU(s) but the Ray cluster has {have:g}; "
-                                   f"set launcher.gpus_per_task or add GPU nodes")
+                raise KareusError(f"launcher: a partition search needs {need:g} GPU(s) but the Ray cluster has "
+                                  f"{have:g}; set launcher.gpus_per_task or add GPU nodes")
             opts = lambda t: {"num_gpus": self._gpus(t), "num_cpus": self.cfg.cpus_per_task,  # noqa: E731
                               "max_retries": 0}
-            if not listeners:
-                remote = ray.remote(run_search_task)
-                return list(ray.get([remote.options(**opts(t)).remote(t) for t in tasks]))
-            from ray.util.queue import Empty, Queue
-
-            q = Queue(actor_options={"num_cpus": 0})
-            remote = ray.remote(_run_forwarding)
-            refs = [remote.options(**opts(t)).remote(t, q) for t in tasks]
-            pending = list(refs)
-            while pending:
-                _, pending = ray.wait(pending, num_returns=len(pending), timeout=0)
-                if pending:
-                    _dispatch(q, listeners, Empty, 0.1)
-            while _dispatch(q, listeners, Empty, 0.0):
-                pass
-            results = list(ray.get(refs))
-            q.shutdown()
-            return results
+            lost = (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError, ray.exceptions.OutOfMemoryError,
+                    ray.exceptions.LocalRayletDiedError)
+            try:
+                return self._run_on_ray(ray, tasks, listeners, opts)
+            except lost as err:
+                raise WorkerLost(f"launcher: a partition search's Ray worker died ({type(err).__name__})") from None
         finally:
             if started and self.cfg.shutdown:
                 ray.shutdown()
+
+    @staticmethod
+    def _run_on_ray(ray: Any, tasks: Sequence[PartitionSearchTask], listeners: Sequence[Listener],
+                    opts: Callable[[PartitionSearchTask], dict]) -> list[SearchResult]:
+        if not listeners:
+            remote = ray.remote(run_search_task)
+            return list(ray.get([remote.options(**opts(t)).remote(t) for t in tasks]))
+        from ray.util.queue import Empty, Queue
+
+        q = Queue(actor_options={"num_cpus": 0})
+        remote = ray.remote(_run_forwarding)
+        refs = [remote.options(**opts(t)).remote(t, q) for t in tasks]
+        pending = list(refs)
+        while pending:
+            _, pending = ray.wait(pending, num_returns=len(pending), timeout=0)
+            if pending:
+                _dispatch(q, listeners, Empty, 0.1)
+        while _dispatch(q, listeners, Empty, 0.0):
+            pass
+        results = list(ray.get(refs))
+        q.shutdown()
+        return results

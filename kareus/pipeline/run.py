@@ -52,6 +52,7 @@ def _search_and_plan(ctx: RunContext, console: Console, compose: bool) -> dict[s
 
 def _search_and_plan_on(ctx: RunContext, console: Console, compose: bool, backend: Any) -> dict[str, Any]:
     from kareus.pipeline.searching import make_tasks, partition_types, run_searches, space_sizes
+    from kareus.launch.launchers import WorkerLost
     from kareus.profiler.journal import JournalMismatchError
     from kareus.search.output import write_search_outputs
     from kareus.tracking import Tracker, hydra_context, make_progress
@@ -73,6 +74,8 @@ def _search_and_plan_on(ctx: RunContext, console: Console, compose: bool, backen
                 results = run_searches(ctx, tasks, listeners=[progress])
         except JournalMismatchError as err:
             raise KareusError(f"journal: {err}") from None
+        except WorkerLost as err:
+            raise KareusError(f"{err}; what it measured is kept: continue with resume={ctx.run_dir}") from None
         search_summary = write_search_outputs(ctx.run_dir, results, sizes)
         profiled = sum(len(r.measurements) for r in results)
         gpu_seconds = sum(r.gpu_seconds for r in results)
