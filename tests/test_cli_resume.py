@@ -81,3 +81,30 @@ def test_a_resume_that_cannot_continue_is_refused_before_anything_is_recorded(fi
     assert len(lines) == 1 and lines[0].startswith("error: resume: ") and says in lines[0], lines
     assert left_behind(work) == []  # no run folder, no MLflow store
     assert (_files(target) if target.exists() else {}) == before  # no journal made in a foreign folder
+
+
+def test_a_relative_resume_is_found_from_the_start_folder_when_hydra_changes_into_the_job(first):
+    cwd = first.parents[1]
+    res = kareus(cwd, *TINY, "resume=runs/a", "hydra.run.dir=runs/chdir", "hydra.job.chdir=true",
+                 "tracking.enabled=false", timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert _rows(cwd / "runs" / "chdir") == _rows(first)
+
+
+def test_describe_with_resume_checks_the_journal_and_copies_nothing(first):
+    cwd = first.parents[1]
+    res = kareus(cwd, *TINY, "mode=describe", "resume=runs/a", "hydra.run.dir=runs/described", timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert not (cwd / "runs" / "described" / "journal.sqlite").exists()
+
+
+def test_a_run_directory_with_another_configs_journal_is_refused_before_anything_is_recorded(first, tmp_path):
+    import shutil
+
+    work = tmp_path / "work"
+    shutil.copytree(first, work / "runs" / "reused")
+    res = kareus(work, *TINY, "seed=1", "hydra.run.dir=runs/reused", timeout=300)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    lines = error_lines(res.stderr)
+    assert len(lines) == 1 and lines[0].startswith("error: journal: ") and "config hash" in lines[0], lines
+    assert not (work / "runs" / "mlflow.db").exists()  # refused before the MLflow run was opened

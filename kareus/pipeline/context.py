@@ -1,6 +1,7 @@
 """What every stage of a run needs to know, built once from the validated config."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,18 +68,44 @@ def build_context(cfg: DictConfig, typed: dict[str, Any], run_dir: Path) -> RunC
         workload = build_workload(model, parallel, gpu.gpus_per_node)
         partitioning = PARTITIONERS.build(cfg.partitioner.name, config=typed["partitioner"]).partition(workload)
     digest = config_hash(cfg)
+    describe = str(getattr(cfg.mode, "value", cfg.mode)) == "describe"
     if cfg.get("resume"):
-        _continue_journal(Path(str(cfg.resume)).expanduser(), run_dir, digest)
+        _continue_journal(_from_start_dir(str(cfg.resume)), run_dir, digest, copy=not describe)
+    elif not describe:
+        _check_own_journal(run_dir, digest)
     return RunContext(cfg=cfg, typed=typed, run_dir=run_dir, gpu=gpu, model=model, parallel=parallel,
                       workload=workload, partitioning=partitioning, config_hash=digest)
 
 
-def _continue_journal(old_run_dir: Path, run_dir: Path, digest: str) -> None:
+def _from_start_dir(path: str) -> Path:
+    """``path`` against the folder the command was started in (``hydra.job.chdir`` moves the job)."""
+    from hydra.utils import to_absolute_path
+
+    return Path(to_absolute_path(os.path.expanduser(path)))  # outside a Hydra job: the current folder
+
+
+def _check_own_journal(run_dir: Path, digest: str) -> None:
+    """A run directory that already holds a journal (``hydra.run.dir`` reused) continues it only under
+    the same config; another config is refused here, before the run records anything."""
+    from kareus.errors import KareusError
+    from kareus.profiler.journal import JournalError, check_journal, journal_path_for
+
+    own = journal_path_for(run_dir)
+    if not own.exists():
+        return
+    try:
+        check_journal(own, digest)
+    except JournalError as err:
+        raise KareusError(f"journal: {err}") from None
+
+
+def _continue_journal(old_run_dir: Path, run_dir: Path, digest: str, copy: bool = True) -> None:
     """Check the old run's journal read-only, then copy it into ``run_dir`` to be continued there.
 
     Every refusal is one ``resume: ...`` line, raised before the run records anything. The copy makes
     each run directory self-contained (a chain of resumes measures nothing twice) and leaves the old
     run exactly as it was. Resuming into the old run's own directory continues its journal in place.
+    Without ``copy`` (describe, which measures nothing) the old journal is only checked.
     """
     from kareus.errors import KareusError
     from kareus.profiler.journal import JournalError, check_journal, copy_journal, journal_path_for
@@ -94,4 +121,5 @@ def _continue_journal(old_run_dir: Path, run_dir: Path, digest: str) -> None:
         if own.resolve() == source.resolve():
             return
         raise KareusError(f"resume: {run_dir} already has a journal; resume into a new run directory")
-    copy_journal(source, own)
+    if copy:
+        copy_journal(source, own)
