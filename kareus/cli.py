@@ -28,6 +28,7 @@ class _Job:
     made: Path | None = None  # the outermost folder this invocation created for its run directory
     run_dir: Path | None = None
     refused: list[str] = field(default_factory=list)  # sweep jobs refused at run time: "job N (overrides)"
+    jobs: int = 0  # sweep jobs this process started
 
 
 _JOB = _Job()
@@ -158,6 +159,7 @@ def app(cfg: DictConfig) -> Any:
     """The Hydra task: validate everything first, then run the mode."""
     run_dir = _run_dir()
     _JOB.run_dir = run_dir
+    _JOB.jobs += 1
     typed, problems = _checked(cfg)
     if typed is None:
         _fail(problems, run_dir)
@@ -178,10 +180,11 @@ def app(cfg: DictConfig) -> Any:
 
 class SweepJobRefused(CompactHydraException):
     """A sweep job refused at run time (say, no plan meets its deadline). Hydra records the job as
-    failed and runs the others; the sweep then ends with this one line and exit 2."""
+    failed and runs the rest of its batch (by default the whole sweep); the sweep then ends with this
+    one line and exit 2."""
 
     def __str__(self) -> str:
-        return f"error: {len(_JOB.refused)} sweep job(s) refused, the others ran: {'; '.join(_JOB.refused)}"
+        return f"error: {len(_JOB.refused)} of {_JOB.jobs} sweep jobs run were refused: {'; '.join(_JOB.refused)}"
 
 
 def _sweep_job() -> str | None:

@@ -212,7 +212,7 @@ def test_a_sweep_job_refused_at_run_time_fails_alone_and_the_sweep_goes_on(tmp_p
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-3000:]
     lines = [ln for ln in error_lines(res.stderr) if ln.startswith("error: ")]
     assert lines[0].startswith("error: job 0 (plan.deadline_s=1e-06): plan: no plan meets plan.deadline_s=1e-06 s")
-    assert lines[-1] == "error: 1 sweep job(s) refused, the others ran: job 0 (plan.deadline_s=1e-06)"
+    assert lines[-1] == "error: 1 of 2 sweep jobs run were refused: job 0 (plan.deadline_s=1e-06)"
     assert len(lines) == 2
     jobs = sorted((tmp_path / "runs" / "multirun").glob("*/*/[0-9]"))
     assert [j.name for j in jobs] == ["0", "1"]
@@ -224,6 +224,12 @@ def test_a_describe_sweep_records_nothing(tmp_path):
     res = kareus(tmp_path, "-m", "mode=describe", "+model=tiny", "parallel=pp1_tp2,pp2_tp2")
     assert res.returncode == 0, res.stderr[-2000:]
     assert not (tmp_path / "runs" / "mlflow.db").exists() and "MlflowSweepCallback" not in res.stderr
+
+
+def test_a_sweep_over_where_it_is_recorded_is_refused():
+    lines = override_problems(["-m", *MISSION, "tracking.experiment=ea,eb"])
+    assert lines == ["tracking.experiment: one sweep records into one MLflow store and experiment; "
+                     "run one sweep per value"]
 
 
 def test_every_sweep_job_is_composed_and_named():

@@ -359,3 +359,18 @@ def test_a_signal_during_an_mlflow_write_lands_after_it():
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert order == ["write done", "handler", "after"]
+
+
+def test_a_run_is_named_after_every_override_but_the_named_groups():
+    from kareus.tracking.tracker import default_run_name
+
+    choices = {"model": "tiny", "parallel": "pp1_tp2", "search": "mbo", "hardware": "h100_sim",
+               "profiler/cooldown": "none"}
+    name = default_run_name(choices, ["+model=tiny", "hardware=h100_sim", "profiler/cooldown=none", "seed=1"])
+    assert name == "tiny pp1_tp2 mbo hardware=h100_sim profiler/cooldown=none seed=1"
+
+
+def test_gpu_hours_say_simulated_only_on_the_simulated_gpu():
+    assert "profiling_gpu_hours_simulated" in summary_metrics(1.0, 1.0, profiling_gpu_seconds=3600.0)
+    real = summary_metrics(1.0, 1.0, profiling_gpu_seconds=3600.0, simulated=False)
+    assert real["profiling_gpu_hours"] == 1.0 and "profiling_gpu_hours_simulated" not in real

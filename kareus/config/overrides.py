@@ -184,7 +184,8 @@ def _sweep_problems(overrides: list[str], check: JobCheck | None) -> list[str]:
     except HydraException as err:
         return [_message(err)]
     swept = {o.get_key_element() for o in parsed if o.is_sweep_override()}
-    lines = []
+    lines = [f"{key}: one sweep records into one MLflow store and experiment; run one sweep per value"
+             for key in sorted(swept) if key.lstrip("+~").startswith("tracking.")]
     for num, job in enumerate(jobs):
         label = _job_label(job, swept)
         cfg, problems = _compose(job, hydra=False)

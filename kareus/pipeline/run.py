@@ -123,7 +123,7 @@ def _compose_and_plan(ctx: RunContext, console: Console, backend: Any, results: 
     if selected is not None:
         tracker.log_plan(outputs["plan_selected"])
         metrics = summary_metrics(selected.predicted_time_s, selected.predicted_energy_j, ref_t, ref_e, profiled,
-                                  gpu_seconds + fixed_gpu_seconds)
+                                  gpu_seconds + fixed_gpu_seconds, simulated=ctx.simulated)
         tracker.log_summary(metrics)
         out["selected"] = {"time_s": selected.predicted_time_s, "energy_j": selected.predicted_energy_j,
                            "time_saving_pct": 100 * (1 - selected.predicted_time_s / ref_t),

@@ -43,6 +43,7 @@ class PartitionListenerFactory:
     note: str | None = None  # shown under plot titles, e.g. "hardware: sim (simulated)"
     flush_interval_s: float = 1.0  # candidate metrics are written at most this often (0: each at once)
     tags: tuple[tuple[str, str], ...] = ()
+    simulated: bool | None = True  # GPU-hours from the simulated GPU (named so)
 
     def __call__(self) -> Callable[[Any], None]:
         return PartitionRunListener(self) if self.uri else _ignore
@@ -160,7 +161,7 @@ class PartitionRunListener:
         if not self.hv or self.hv[-1][0] != ev.profiled:
             self.hv.append((ev.profiled, ev.hypervolume))
         self._log({"profiled": ev.profiled, "failed_candidates": ev.failed, "gpu_seconds_total": ev.gpu_seconds,
-                   "gpu_hours_simulated": ev.gpu_seconds / 3600.0, "hypervolume_final": ev.hypervolume,
+                   records.gpu_hours_name(self.spec.simulated): ev.gpu_seconds / 3600.0, "hypervolume_final": ev.hypervolume,
                    "frontier_points": len(ev.frontier)}, step=ev.profiled)
         run_id = self._ensure_run()
         self._write_candidates(table=True)

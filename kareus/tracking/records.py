@@ -201,3 +201,8 @@ def mark_frontier(rows: Iterable[dict[str, Any]], frontier: Frontier) -> None:
         knob = (row.get("slot"), row.get("sms"), row.get("freq_mhz"))
         num = (round(row["time_s"], 12), round(row["energy_j"], 9)) if finite(row.get("time_s")) else None
         row["on_frontier"] = (knob in keys) if keys else (num in values)
+
+
+def gpu_hours_name(simulated: bool | None, prefix: str = "") -> str:
+    """``<prefix>gpu_hours_simulated`` on the simulated GPU, ``<prefix>gpu_hours`` on real (or replayed real) GPUs."""
+    return f"{prefix}gpu_hours" + ("" if simulated is False else "_simulated")

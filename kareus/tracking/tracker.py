@@ -47,21 +47,24 @@ def git_state(path: str | os.PathLike | None = None) -> dict[str, str]:
     return {"git.commit": commit, "mlflow.source.git.commit": commit, "git.dirty": str(bool(dirty)).lower()}
 
 
+NAMED_GROUPS = ("model", "parallel", "search", "experiment")  # shown by their option alone
+
+
 def default_run_name(choices: Mapping[str, Any], overrides: Sequence[str] = ()) -> str:
-    """``qwen1.7b pp2_tp8 mbo`` plus any non-group overrides, so sweep jobs get distinct names."""
-    parts = [str(choices[g]) for g in ("model", "parallel", "search", "experiment") if choices.get(g)]
-    groups = {g for g in choices}
+    """``qwen1.7b pp2_tp8 mbo`` plus every other override (``hardware=h100_sim``, ``seed=1``), so
+    sweep jobs get distinct names."""
+    parts = [str(choices[g]) for g in NAMED_GROUPS if choices.get(g)]
     for item in overrides:
-        key = item.partition("=")[0].lstrip("+~")
-        if key not in groups:
+        if item.partition("=")[0].lstrip("+~") not in NAMED_GROUPS:
             parts.append(item.lstrip("+~"))
     return records.truncate(" ".join(parts) or "kareus", 250)
 
 
 def summary_metrics(plan_time_s: float, plan_energy_j: float, reference_time_s: float | None = None,
                     reference_energy_j: float | None = None, profiled: int | None = None,
-                    profiling_gpu_seconds: float | None = None) -> dict[str, float]:
-    """The standard summary metric names: the selected plan, its savings against the reference, cost."""
+                    profiling_gpu_seconds: float | None = None, simulated: bool | None = True) -> dict[str, float]:
+    """The standard summary metric names: the selected plan, its savings against the reference, cost
+    (its name says when the GPU-hours are simulated)."""
     out = {"plan.iteration_time_s": plan_time_s, "plan.iteration_energy_j": plan_energy_j}
     if reference_time_s:
         out["reference.iteration_time_s"] = reference_time_s
@@ -73,7 +76,7 @@ def summary_metrics(plan_time_s: float, plan_energy_j: float, reference_time_s: 
     if profiled is not None:
         out["profiled_candidates"] = profiled
     if profiling_gpu_seconds is not None:
-        out["profiling_gpu_hours_simulated"] = profiling_gpu_seconds / 3600.0
+        out[records.gpu_hours_name(simulated, "profiling_")] = profiling_gpu_seconds / 3600.0
     return out
 
 
@@ -208,7 +211,8 @@ class Tracker:
             partition=partition_key, uri=self.uri, experiment_id=self.experiment_id, parent_run_id=self.run_id,
             run_name=f"partition {partition_key}", slot_labels=tuple(slot_labels),
             candidates=self.config.candidates, plots=self.config.plots, telemetry=self.config.telemetry,
-            note=self._note(), flush_interval_s=self.config.flush_interval_s, tags=(("hardware", self.hardware),) if self.hardware else ())
+            note=self._note(), flush_interval_s=self.config.flush_interval_s,
+            tags=(("hardware", self.hardware),) if self.hardware else (), simulated=self.simulated)
 
     # ---- results --------------------------------------------------------------------------
     def log_microbatch_frontiers(self, frontiers: Mapping[str, Frontier],
