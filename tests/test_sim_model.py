@@ -47,7 +47,7 @@ def test_energy_optimal_knobs_depend_on_the_clock(cfg, part):
             for sl in part.slot_labels for s in range(1, cfg.max_comm_sms + 1)
         )[1:]
 
-    assert best(1100) != best(1410)
+    assert best(810) != best(1410)
 
 
 def test_time_and_energy_each_span_more_than_2x(cfg, part):
@@ -196,3 +196,15 @@ def test_a_collective_inside_a_plain_op_sequence_runs_alone_at_the_default_sms(c
     assert alone > 0.01  # 64 MB over a 25 GB/s network link
     assert with_send.time_s == pytest.approx(plain.time_s + alone, rel=0.02)
     assert with_send.dynamic_j > plain.dynamic_j
+
+
+@pytest.mark.parametrize("sms", [60, 100, 107])
+def test_a_bigger_gemm_never_runs_faster_on_the_sms_the_comm_leaves(sms):
+    """Wave quantization on fewer SMs, past a whole-GPU wave boundary, must not make more work faster."""
+    cfg = sim_config()
+    times = [op_times(cfg, Op("g", OpKind.GEMM, flops=n * cfg.gemm_tile_flops, bytes=1.0), cfg.max_mhz, sms)[0]
+             for n in range(1, 4 * cfg.sms + 2)]
+    assert all(b >= a * (1 - 1e-12) for a, b in zip(times, times[1:]))
+    full = [op_times(cfg, Op("g", OpKind.GEMM, flops=n * cfg.gemm_tile_flops, bytes=1.0), cfg.max_mhz, cfg.sms)[0]
+            for n in (cfg.sms, cfg.sms + 1)]
+    assert full[1] == pytest.approx(full[0] * (cfg.sms + 1) / cfg.sms)  # the whole GPU: no quantization added

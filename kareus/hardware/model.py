@@ -59,14 +59,23 @@ def op_times(cfg, op: Op, mhz: float, sms: int, hbm_mult: float = 1.0) -> tuple[
         eff = cfg.eff_gemm if op.kind is OpKind.GEMM else cfg.eff_attention
         ideal = op.flops / (cfg.peak_tflops * 1e12 * eff * fr) if op.flops else 0.0
         tiles = max(1.0, math.ceil(op.flops / cfg.gemm_tile_flops))
-        # waves on the SMs left, relative to the (already quantized) waves on the whole GPU
-        t_cmp = ideal * math.ceil(tiles / max(sms, 1)) / math.ceil(tiles / total)
+        t_cmp = ideal * _wave_ratio(tiles, max(sms, 1), total)
+        full = (math.ceil(tiles / total) - 1) * total  # the largest GEMM one whole-GPU wave smaller
+        if full >= 1 and sms < total:  # never faster than that smaller GEMM on as many SMs
+            t_cmp = max(t_cmp, ideal * full / tiles * _wave_ratio(full, max(sms, 1), total))
     else:
         t_cmp = op.flops / (cfg.vector_tflops * 1e12 * fr) * total / max(sms, 1) if op.flops else 0.0
     need = max(1.0, cfg.memory_sat_frac * total)
     bw = cfg.hbm_gbps * 1e9 * cfg.eff_memory * min(1.0, sms / need)
     t_mem = op.bytes / bw * hbm_mult if op.bytes else 0.0
     return t_cmp, t_mem
+
+
+def _wave_ratio(tiles: float, sms: int, total: int) -> float:
+    """Waves of ``tiles`` GEMM tiles on the SMs left, relative to the (already quantized) waves on the
+    whole GPU. Alone it is not monotone in the tiles: one tile past a whole-GPU wave doubles the
+    whole-GPU waves but may add no wave on fewer SMs, which ``op_times`` bounds from below."""
+    return math.ceil(tiles / sms) / math.ceil(tiles / total)
 
 
 def comm_traffic(op: Op) -> tuple[float, int]:

@@ -31,20 +31,20 @@ class SimConfig(GPUConfig):
     host_rope_s: float = 3.0e-4  # unfused rotary embedding: ~16-20 eager PyTorch ops on q and k
     host_comm_s: float = 3.0e-5  # launching the comm kernel on its stream
     host_tail_s: float = 3.0e-4  # per-call host work after the last op is issued (overlaps GPU work)
-    host_scale: float = 1.404  # common factor on the host times above (the host CPU's speed)
+    host_scale: float = 1.111  # common factor on the host times above (the host CPU's speed)
     launch_latency_s: float = 5.0e-6  # from issue to the kernel running on an idle GPU
-    host_gap_s: float = 9.667e-4  # GPU idle per execution while the framework's host code runs (between calls)
+    host_gap_s: float = 9.733e-4  # GPU idle per execution while the framework's host code runs (between calls)
     comm_gated: bool = True  # the comm waits on the GPU for op start-1 (else it starts when the host issues it)
     comm_waits_for_dispatch: bool = False  # a comm launched beside a multi-wave kernel starts at its last wave
     # collectives
-    comm_sm_gbps: float = 6.518  # link throughput one comm SM drives at the top clock
+    comm_sm_gbps: float = 6.516  # link throughput one comm SM drives at the top clock
     comm_clock_exp: float = 0.8  # per-SM comm throughput ~ clock^exp (issue-bound part vs fixed latency)
     comm_latency_s: float = 5.0e-6  # per ring step
-    comm_link_eff: float = 0.1877  # fraction of the link bandwidth a collective reaches
+    comm_link_eff: float = 0.1869  # fraction of the link bandwidth a collective reaches
     comm_sharpness: float = 2.0  # how sharply bandwidth saturates (soft minimum exponent)
     comm_hbm_per_byte: float = 2.0  # HBM bytes per link byte (read local, write result)
     # overlap contention
-    contention_sm: float = 0.1205  # comm slowdown beside any kernel (shared issue slots, L2)
+    contention_sm: float = 0.108  # comm slowdown beside any kernel (shared issue slots, L2)
     contention_hbm: float = 0.95  # extra comm slowdown beside a kernel that saturates HBM (queueing)
     # power
     p_sm_w: float = 563.8  # dynamic power of all SMs fully active at the top clock and voltage
