@@ -37,7 +37,7 @@ def _stop_mid_search(cwd: Path, sig: int) -> tuple[subprocess.CompletedProcess, 
         time.sleep(0.05)
     assert proc.poll() is None, "the run ended before it could be stopped"
     proc.send_signal(sig)
-    out, err = proc.communicate(timeout=120)
+    out, err = proc.communicate(timeout=300)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), run_dir
 
 
@@ -94,6 +94,6 @@ def test_ctrl_c_to_the_whole_process_group_with_worker_processes_is_one_line(tmp
     time.sleep(1.0)  # the workers are measuring
     assert proc.poll() is None, "the run ended before it could be stopped"
     os.killpg(proc.pid, signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, err[-3000:]
     assert "Traceback" not in err and error_lines(err) == [f"interrupted; continue with resume={journal.parent}"]
