@@ -174,13 +174,10 @@ def _slow_down(dag: PipelineDAG, node_tab: Sequence[_KeyTable], pos: np.ndarray,
     new iteration time is max(T, start_i + d_i' + tail_i), exact for every option at once.
     """
     pos = pos.copy()
-    succs = dag.succs
     dur = np.array([tb.t[p] for tb, p in zip(node_tab, pos)])
     start, finish = critical_path(dag, dur)
     makespan = float(finish.max())
-    tail = np.zeros(len(dag))  # longest path from a node's end to the iteration's end
-    for i in range(len(dag) - 1, -1, -1):
-        tail[i] = max((dur[s] + tail[s] for s in succs[i]), default=0.0)
+    tail = _tails(dag, dur)
     for i, tb in enumerate(node_tab):
         p = pos[i]
         if p + 1 >= len(tb.t):
@@ -194,9 +191,17 @@ def _slow_down(dag: PipelineDAG, node_tab: Sequence[_KeyTable], pos: np.ndarray,
         dur[i] = tb.t[pos[i]]
         start, finish = critical_path(dag, dur)
         makespan = float(finish.max())
-        for k in range(len(dag) - 1, -1, -1):
-            tail[k] = max((dur[s] + tail[s] for s in succs[k]), default=0.0)
+        tail = _tails(dag, dur)
     return pos
+
+
+def _tails(dag: PipelineDAG, durations: np.ndarray) -> np.ndarray:
+    """Per node, the longest path from its end to the iteration's end."""
+    succs = dag.succs
+    tail = np.zeros(len(dag))
+    for i in range(len(dag) - 1, -1, -1):
+        tail[i] = max((durations[s] + tail[s] for s in succs[i]), default=0.0)
+    return tail
 
 
 def _round(node_tab: Sequence[_KeyTable], d: np.ndarray, nearest: bool) -> np.ndarray:
