@@ -14,7 +14,6 @@ from kareus.components import register_all
 register_all()
 
 import hydra  # noqa: E402
-from hydra.errors import CompactHydraException  # noqa: E402
 from hydra.experimental.callback import Callback  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
@@ -163,7 +162,7 @@ def app(cfg: DictConfig) -> Any:
     typed, problems = _checked(cfg)
     if typed is None:
         _fail(problems, run_dir)
-    from kareus.errors import KareusError
+    from kareus.errors import JobRefused, KareusError
     from kareus.pipeline import run_mode
 
     try:
@@ -175,16 +174,7 @@ def app(cfg: DictConfig) -> Any:
         print(f"error: {job}: {err}", file=sys.stderr)
         _remove_job_dir(run_dir)
         _JOB.refused.append(job)
-        raise SweepJobRefused() from None
-
-
-class SweepJobRefused(CompactHydraException):
-    """A sweep job refused at run time (say, no plan meets its deadline). Hydra records the job as
-    failed and runs the rest of its batch (by default the whole sweep); the sweep then ends with this
-    one line and exit 2."""
-
-    def __str__(self) -> str:
-        return f"error: {len(_JOB.refused)} of {_JOB.jobs} sweep jobs run were refused: {'; '.join(_JOB.refused)}"
+        return JobRefused(job)  # the sweep goes on; main() reports and exits 2 at its end
 
 
 def _sweep_job() -> str | None:
@@ -230,12 +220,12 @@ def main() -> None:
     except KeyboardInterrupt:
         print(_stopped("interrupted"), file=sys.stderr)
         sys.exit(130)
-    except SystemExit as done:
-        if _JOB.refused and done.code == 1:  # Hydra's exit after the sweep: a refusal, as in one run
-            sys.exit(2)
-        raise
     finally:
         signal.signal(signal.SIGTERM, previous)
+    if _JOB.refused:  # a sweep whose jobs all ran, some refused: one summary line, as a refused run
+        print(f"error: {len(_JOB.refused)} of {_JOB.jobs} sweep jobs were refused: {'; '.join(_JOB.refused)}",
+              file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -3,3 +3,11 @@
 
 class KareusError(RuntimeError):
     """A user-facing failure (bad table, infeasible plan request, refused resume): one clear line."""
+
+
+class JobRefused:
+    """What a sweep job refused at run time returns (it printed its one line): the sweep goes on, the
+    sweep's MLflow run counts the job as failed, and the command exits 2 once every job has run."""
+
+    def __init__(self, job: str) -> None:
+        self.job = job

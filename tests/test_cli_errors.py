@@ -206,18 +206,26 @@ def test_a_sweep_with_a_bad_job_is_refused_before_any_job_runs(tmp_path):
     assert left_behind(tmp_path) == []  # no sweep folder, no MLflow store
 
 
-def test_a_sweep_job_refused_at_run_time_fails_alone_and_the_sweep_goes_on(tmp_path):
+@pytest.mark.parametrize("batches", [[], ["hydra.sweeper.max_batch_size=1"]], ids=["one_batch", "batch_per_job"])
+def test_a_sweep_job_refused_at_run_time_fails_alone_and_the_sweep_goes_on(tmp_path, batches):
+    import sqlite3
+    from contextlib import closing
+
     res = kareus(tmp_path, "-m", "+model=tiny", "parallel=pp1_tp2", "search=random", "search.budget=8",
-                 "plan.deadline_s=0.000001,1000", timeout=240)
+                 "plan.deadline_s=0.000001,1000", *batches, timeout=240)
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-3000:]
     lines = [ln for ln in error_lines(res.stderr) if ln.startswith("error: ")]
     assert lines[0].startswith("error: job 0 (plan.deadline_s=1e-06): plan: no plan meets plan.deadline_s=1e-06 s")
-    assert lines[-1] == "error: 1 of 2 sweep jobs run were refused: job 0 (plan.deadline_s=1e-06)"
-    assert len(lines) == 2
+    assert lines[-1] == "error: 1 of 2 sweep jobs were refused: job 0 (plan.deadline_s=1e-06)"
+    assert len(error_lines(res.stderr)) == 2  # the job's line and the summary, nothing from Hydra
     jobs = sorted((tmp_path / "runs" / "multirun").glob("*/*/[0-9]"))
     assert [j.name for j in jobs] == ["0", "1"]
     assert (jobs[1] / "plan_selected.yaml").is_file() and not (jobs[0] / "plan_selected.yaml").exists()
     assert (jobs[0] / "journal.sqlite").is_file()  # the refused job's measurements are kept
+    with closing(sqlite3.connect(tmp_path / "runs" / "mlflow.db")) as con:
+        rows = con.execute("SELECT m.key, m.value, r.status FROM metrics m JOIN runs r ON r.run_uuid = m.run_uuid "
+                           "WHERE m.key IN ('jobs', 'jobs_failed')").fetchall()
+    assert sorted(rows) == [("jobs", 2.0, "FAILED"), ("jobs_failed", 1.0, "FAILED")]
 
 
 def test_a_describe_sweep_records_nothing(tmp_path):

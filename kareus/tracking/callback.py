@@ -67,7 +67,10 @@ class MlflowSweepCallback(Callback):
     def on_job_end(self, config: Any, job_return: Any = None, **kwargs: Any) -> None:
         from hydra.core.utils import JobStatus
 
-        self._completed += int(job_return is not None and job_return.status == JobStatus.COMPLETED)
+        from kareus.errors import JobRefused
+
+        done = job_return is not None and job_return.status == JobStatus.COMPLETED
+        self._completed += int(done and not isinstance(job_return.return_value, JobRefused))
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         self._finish(aborted=False)
