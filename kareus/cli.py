@@ -17,7 +17,8 @@ import hydra  # noqa: E402
 from hydra.experimental.callback import Callback  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from kareus.config.overrides import CONFIG_MODULE, CONFIG_NAME, override_problems, sweep_job_label  # noqa: E402
+from kareus.config.overrides import (CONFIG_MODULE, CONFIG_NAME, override_problems, searchpath_overrides,  # noqa: E402
+                                     sweep_job_label)
 
 
 @dataclass
@@ -99,7 +100,9 @@ def _remove_job_dir(run_dir: Path) -> None:
 def _group_options(group: str) -> list[str]:
     from hydra.core.global_hydra import GlobalHydra
 
-    return sorted(GlobalHydra.instance().config_loader().get_group_options(group))
+    # with the call's --config-dir folders: the pre-check's loader, unlike the job's, lacks them
+    loader = GlobalHydra.instance().config_loader()
+    return sorted(loader.get_group_options(group, config_name=CONFIG_NAME, overrides=searchpath_overrides(sys.argv[1:])))
 
 
 _INTERNAL_GROUPS = ("hydra", "schema")  # Hydra's own groups and the typed schemas behind the options

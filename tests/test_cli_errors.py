@@ -111,6 +111,15 @@ def test_config_dir_options_are_listed_with_the_shipped_ones(tmp_path):
     assert line.startswith("model=nope: no such option; allowed: ") and "my_model" in line and "qwen1.7b" in line
 
 
+def test_a_sweep_without_a_model_lists_the_models_of_the_config_dir_too(tmp_path):
+    (tmp_path / "conf" / "model").mkdir(parents=True)
+    (tmp_path / "conf" / "model" / "my_model.yaml").write_text("name: my_model\n")
+    res = kareus(tmp_path, "-m", "--config-dir", str(tmp_path / "conf"), "parallel=pp1_tp2,pp2_tp2")
+    lines = error_lines(res.stderr)
+    assert res.returncode == 2 and len(lines) == 2, res.stderr[-2000:]
+    assert all("NAME one of: llama3.2-3b, llama3.3-70b, my_model, qwen1.7b, tiny" in line for line in lines), lines
+
+
 def test_bad_override_exits_2_with_one_line_and_writes_nothing(tmp_path):
     res = kareus(tmp_path, *MISSION, "search.passes=[total,bogus]")
     out = res.stdout + res.stderr

@@ -126,12 +126,20 @@ def override_problems(argv: Sequence[str], check: JobCheck | None = None) -> lis
     if call.config_dirs:
         if any(o.key_or_group == "hydra.searchpath" for o in parsed):
             return []
-        paths = ",".join(f"file://{Path(d).resolve()}" for d in call.config_dirs)
-        overrides = [*overrides, f"hydra.searchpath=[{paths}]"]
+        overrides = [*overrides, *searchpath_overrides(argv)]
     from hydra import initialize_config_module
 
     with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
         return _sweep_problems(overrides, check) if call.multirun else _compose(overrides)[1]
+
+
+def searchpath_overrides(argv: Sequence[str]) -> list[str]:
+    """``hydra.searchpath=[...]`` for the call's ``--config-dir`` folders ([] without any): what
+    composing, or listing a group's options, outside Hydra's own job needs to see the user's configs."""
+    call = _split_args(argv)
+    if call is None or not call.config_dirs:
+        return []
+    return [f"hydra.searchpath=[{','.join(f'file://{Path(d).resolve()}' for d in call.config_dirs)}]"]
 
 
 def _compose(overrides: list[str], hydra: bool = True) -> tuple[Any, list[str]]:
