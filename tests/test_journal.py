@@ -47,6 +47,20 @@ def test_round_trip_is_exact(tmp_path):
         assert row == ("sim", ms[0].candidate.freq_mhz, 55.5, "abc")
 
 
+def test_a_candidate_measured_again_is_answered_with_its_latest_row(tmp_path):
+    """A tensor-parallel group measures a candidate again when a peer's journal lacks it; a later
+    resume must answer it on every rank with that group measurement, not the rank's older one."""
+    from dataclasses import replace
+
+    old = meas("fwd", 1)
+    new = replace(old, time_s=old.time_s * 2, energy_j=old.energy_j * 2)
+    with Journal.open(tmp_path / "j.sqlite", "abc") as j:
+        for m, cost in ((old, 1.0), (new, 2.0)):
+            j.append(m, backend="sim", clock_mhz=None, gpu_temperature_c=None, gpu_seconds=cost)
+        (got, cost), = j.load().values()
+    assert (got.time_s, got.energy_j, cost) == (new.time_s, new.energy_j, 2.0)
+
+
 def test_other_config_hash_is_refused_with_one_line(tmp_path):
     Journal.open(tmp_path / "j.sqlite", "aaaa").close()
     with pytest.raises(JournalMismatchError) as e:

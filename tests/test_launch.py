@@ -152,6 +152,18 @@ def test_a_worker_that_dies_is_one_clear_error_not_a_broken_pool(tmp_path, monke
         launcher.run(sim_tasks(tmp_path / "j.sqlite", seeds=(2,)))
 
 
+def test_a_dead_event_relay_is_one_clear_error(tmp_path, monkeypatch):
+    import kareus.launch.launchers as launchers
+
+    def relay_gone(*args, **kwargs):
+        raise EOFError  # what a read from the killed manager process raises
+
+    monkeypatch.setattr(launchers, "_dispatch", relay_gone)
+    launcher = LAUNCHERS.build("process", config={"workers": 1})
+    with pytest.raises(launchers.WorkerLost, match="relaying the workers' events died"):
+        launcher.run(sim_tasks(tmp_path / "j.sqlite", seeds=(2,)), listeners=[lambda event: None])
+
+
 def test_a_missing_process_group_stops_a_real_gpu_search_at_once(tmp_path, monkeypatch):
     pytest.importorskip("torch")
     import torch.distributed as dist

@@ -374,3 +374,10 @@ def test_gpu_hours_say_simulated_only_on_the_simulated_gpu():
     assert "profiling_gpu_hours_simulated" in summary_metrics(1.0, 1.0, profiling_gpu_seconds=3600.0)
     real = summary_metrics(1.0, 1.0, profiling_gpu_seconds=3600.0, simulated=False)
     assert real["profiling_gpu_hours"] == 1.0 and "profiling_gpu_hours_simulated" not in real
+
+
+@pytest.mark.parametrize("uri, refused", [("mlruns", True), ("file:///tmp/mlruns", True), ("databricks", False),
+                                          ("sqlite:///runs/mlflow.db", False), ("http://host:5000", False)])
+def test_mlflows_retired_file_store_is_refused_and_other_stores_pass(uri, refused):
+    lines = TrackingConfig(uri=uri).problems()
+    assert bool(lines) == refused and all(line.startswith("tracking.uri: MLflow's file store is retired") for line in lines)

@@ -105,6 +105,8 @@ class ProcessLauncher:
 
             if isinstance(err, BrokenProcessPool):
                 raise WorkerLost("launcher: a partition-search worker process died (killed, or out of memory?)") from None
+            if isinstance(err, (EOFError, ConnectionError)):  # the manager process relaying the events
+                raise WorkerLost("launcher: the process relaying the workers' events died (killed?)") from None
             raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)

@@ -157,10 +157,14 @@ class Journal:
         return [m for m, _ in self.entries(partition)]
 
     def load(self, partition: str | None = None) -> dict[tuple[str, str, int, int], tuple[Measurement, float]]:
-        """First measurement of each candidate (what a resumed search is answered with)."""
+        """Latest measurement of each candidate (what a resumed search is answered with).
+
+        A candidate has two rows only when a tensor-parallel group measured it again because a
+        peer's journal lacked it; the later row is the group's, the one every rank holds.
+        """
         out: dict[tuple[str, str, int, int], tuple[Measurement, float]] = {}
         for m, g in self.entries(partition):
-            out.setdefault(m.candidate.key, (m, g))
+            out[m.candidate.key] = (m, g)
         return out
 
     def count(self, partition: str | None = None) -> int:
@@ -169,7 +173,7 @@ class Journal:
         return self._conn.execute("SELECT COUNT(*) FROM measurements WHERE partition = ?", (partition,)).fetchone()[0]
 
     def duplicates(self) -> list[tuple[str, str, int, int]]:
-        """Candidates with more than one row (should be none)."""
+        """Candidates with more than one row (none, unless a group measured one again on resume)."""
         rows = self._conn.execute(
             "SELECT partition, slot, sms, freq_mhz FROM measurements GROUP BY partition, slot, sms, freq_mhz "
             "HAVING COUNT(*) > 1").fetchall()

@@ -39,7 +39,8 @@ class TrackingConfig:
         if not uri:
             out.append("tracking.uri: empty; give a store (default sqlite:///runs/mlflow.db) or a server "
                        "http://HOST:PORT, or set tracking.enabled=false")
-        elif urlparse(uri).scheme in ("", "file") or len(urlparse(uri).scheme) == 1:  # c:\... is a path too
+        elif uri != "databricks" and (urlparse(uri).scheme in ("", "file") or len(urlparse(uri).scheme) == 1):
+            # a folder, a file: URI or a Windows path (c:\\...); "databricks" is MLflow's name for a workspace
             out.append("tracking.uri: MLflow's file store is retired; use a database such as "
                        f"sqlite:///runs/mlflow.db or a server http://HOST:PORT, got {uri!r}")
         if not str(self.experiment or "").strip():
