@@ -12,7 +12,8 @@ Checks, each reported with its numbers:
   all-reduce on the side stream (a one-rank all-reduce of a TP 2 op: plumbing, not bandwidth, so the
   comm backend's world-size check is switched off); the groups are destroyed by ``close``;
 - zeus: a ZeusMonitor window reads energy > 0 for the same partition (skipped without zeus);
-- clocks_untouched: the GPU's application/locked clock state is the same before and after.
+- clocks_untouched: the enforced power limit and the application clocks are the same before and
+  after (NVML has no getter for locked clocks; the checks here lock none).
 
 Prints one JSON summary to stdout and writes it to ``$OUT/device_check.json`` when ``$OUT`` is set.
 Exit status 0 when every check that ran passed. Needs torch (CUDA build), nvidia-ml-py and numpy;
@@ -203,11 +204,17 @@ def main() -> int:
     from kareus.runtime.backend import CudaBackend, CudaConfig
     from kareus.runtime.telemetry import nvml_index
 
-    cpu = args.cpu or not torch.cuda.is_available()
+    cpu = args.cpu
     t0 = time.perf_counter()
     summary: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda, "mode": "cpu" if cpu else "gpu",
                                "window_s": args.window, "checks": {}}
     checks = summary["checks"]
+    if not cpu and not torch.cuda.is_available():  # a GPU check without a GPU fails; --cpu asks for the dry run
+        checks["cuda"] = {"ok": False, "error": "torch sees no CUDA GPU (CPU-only build, or no driver); "
+                                                "use --cpu for the dry run"}
+        summary["passed"] = False
+        _emit(summary)
+        return 1
     if not cpu:
         summary["gpu"] = torch.cuda.get_device_name(0)
         summary["gpu_count"] = torch.cuda.device_count()
@@ -245,13 +252,18 @@ def main() -> int:
     ran = [c for c in checks.values() if not c.get("skipped")]
     summary["passed"] = bool(ran) and all(c.get("ok") for c in ran)
     summary["seconds"] = round(time.perf_counter() - t0, 1)
+    _emit(summary)
+    return 0 if summary["passed"] else 1
+
+
+def _emit(summary: dict[str, Any]) -> None:
+    """Print the JSON summary and write it to ``$OUT/device_check.json`` when ``$OUT`` is set."""
     text = json.dumps(summary, indent=2, default=str)
     print(text)
     out_dir = os.environ.get("OUT")
     if out_dir:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         (Path(out_dir) / "device_check.json").write_text(text)
-    return 0 if summary["passed"] else 1
 
 
 if __name__ == "__main__":

@@ -65,10 +65,11 @@ def test_plan_quality_compares_the_plans_a_user_picks():
     exh = pq.plan_points(Composed([(1.0, 10.0), (1.5, 8.0), (2.0, 7.0), (3.0, 6.0)]), reference_time_s=2.0)
     assert list(exh["fastest"]) == [1.0, 10.0] and list(exh["deadline"]) == [2.0, 7.0]
     assert pq.compare(exh, exh) == {"hv_ratio": 1.0, "fastest_extra_time": 0.0, "fastest_extra_energy": 0.0,
-                                    "deadline_extra_energy": 0.0}
+                                    "deadline_met": 1.0, "deadline_extra_energy": 0.0}
     ours = pq.plan_points(Composed([(1.1, 10.0), (1.9, 7.7), (3.0, 6.0)]), reference_time_s=2.0)
     got = pq.compare(ours, exh)
     assert got["fastest_extra_time"] == pytest.approx(0.1) and got["deadline_extra_energy"] == pytest.approx(0.1)
     assert got["hv_ratio"] < 1.0
     late = pq.plan_points(Composed([(2.5, 6.5)]), reference_time_s=2.0)
     assert late["deadline"] is None and "deadline_extra_energy" not in pq.compare(late, exh)
+    assert pq.compare(late, exh)["deadline_met"] == 0.0  # counted, so a miss cannot hide in the average

@@ -279,6 +279,11 @@ def test_device_check_dry_run_on_cpu_writes_its_summary(tmp_path, monkeypatch, c
     assert {"partitions", "overlap"} <= set(summary["checks"])
     assert summary["checks"]["partitions"]["backend"].startswith("cpu:")  # the thermal anchors' key
     assert json.loads(capsys.readouterr().out)["checks"]["partitions"]["ok"]
+    if not torch.cuda.is_available():  # without --cpu, a machine with no GPU fails the check
+        monkeypatch.setattr("sys.argv", ["device_check.py", "--window", "0.02"])
+        assert mod.main() == 1
+        failed = json.loads((tmp_path / "device_check.json").read_text())
+        assert not failed["passed"] and not failed["checks"]["cuda"]["ok"]
 
 
 # -- the clock NVML reads during a window against the locked one -------------------------------------------
