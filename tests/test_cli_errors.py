@@ -193,6 +193,28 @@ def test_refused_with_one_line_exit_2_nothing_written(tmp_path, args, first):
     assert left_behind(tmp_path) == [] and not (tmp_path / "mlflow.db").exists()
 
 
+def test_a_replayed_table_without_the_models_partitions_is_one_line(tmp_path):
+    from kareus.hardware.tables import convert_a100_attention
+
+    table = convert_a100_attention(Path(__file__).resolve().parents[2] / "shared" / "data" / "a100_attention_tp2",
+                                   tmp_path / "table.csv")
+    res = kareus(tmp_path, "+model=tiny", "parallel=pp1_tp2", "hardware=replay", f"hardware.table={table}")
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    [line] = error_lines(res.stderr)
+    assert line.startswith("error: hardware: replay holds no measurements of partition(s) fwd_attn")
+    assert left_behind(tmp_path) == []
+
+
+def test_a_real_gpu_backend_without_a_gpu_is_one_line(tmp_path):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    res = kareus(tmp_path, "+model=tiny", "parallel=pp1_tp2", "hardware=a100_cuda", "profiler/frequency=nvml")
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert error_lines(res.stderr) == ["error: hardware.device: cuda needs a CUDA GPU and a CUDA build of torch, and "
+                                       "torch sees none; use hardware.device=cpu to check the logic without one"]
+
+
 def test_a_dead_tracking_server_is_refused_at_once(tmp_path):
     import socket
 

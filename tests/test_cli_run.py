@@ -85,3 +85,13 @@ def test_resume_under_another_config_is_refused(mission_run):
     assert len(lines) == 1 and lines[0].startswith("error: resume:"), res.stderr
     assert "Traceback" not in res.stderr
     assert not (cwd / "runs" / "third").exists()  # refused before the run folder held anything
+
+
+def test_a_search_only_run_logs_what_it_profiled(tmp_path):
+    res = kareus(tmp_path, "+model=tiny", "parallel=pp1_tp2", "mode=search", "search.budget=8", timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    with sqlite3.connect(tmp_path / "runs" / "mlflow.db") as con:
+        metrics = dict(con.execute(
+            "SELECT m.key, m.value FROM metrics m JOIN tags t ON t.run_uuid = m.run_uuid "
+            "WHERE t.key = 'kareus.kind' AND t.value = 'invocation'").fetchall())
+    assert metrics["profiled_candidates"] == 6 * 8 and metrics["profiling_gpu_hours_simulated"] > 0

@@ -81,6 +81,11 @@ def _search_and_plan_on(ctx: RunContext, console: Console, compose: bool, backen
         gpu_seconds = sum(r.gpu_seconds for r in results)
         summary.update(search=search_summary, profiled=profiled, profiling_gpu_seconds=gpu_seconds)
         _print_search_summary(console, search_summary, gpu_seconds, ctx)
+        if not compose:  # a run that composes logs these with its plan's metrics
+            from kareus.tracking.records import gpu_hours_name
+
+            tracker.log_summary({"profiled_candidates": profiled,
+                                 gpu_hours_name(ctx.simulated, "profiling_"): gpu_seconds / 3600.0})
         if compose and ctx.partitioning is not None:
             summary.update(_compose_and_plan(ctx, console, backend, results, tracker, profiled, gpu_seconds))
     (ctx.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")

@@ -28,8 +28,13 @@ def space_sizes(ctx: RunContext, backend: Any, partitions: Sequence[PartitionTyp
     problems = slot_problems(partitions, space_cfg)
     if problems:
         raise KareusError(problems[0])
+    fixed = {p.key: backend.space(p) for p in partitions}
+    missing = [k for k, space in fixed.items() if space is not None and not space]
+    if missing:  # a recorded table that lacks this workload's partitions: nothing to search or compose
+        raise KareusError(f"hardware: {ctx.hardware_name} holds no measurements of partition(s) {', '.join(missing)}; "
+                          f"record them, or search the table's own partitions with mode=search and no +model")
     try:
-        return {p.key: len(build_space(p, ctx.gpu, space_cfg, fixed=backend.space(p))) for p in partitions}
+        return {p.key: len(build_space(p, ctx.gpu, space_cfg, fixed=fixed[p.key])) for p in partitions}
     except ValueError as err:
         raise KareusError(str(err)) from None
 

@@ -118,8 +118,10 @@ class CudaBackend(LockedClock):
         torch = self._torch
         if self.cuda:
             if not torch.cuda.is_available():
-                raise RuntimeError("hardware 'cuda' with device=cuda needs a CUDA GPU and a CUDA build of torch; "
-                                   "use device=cpu to check the logic without one")
+                from kareus.errors import KareusError
+
+                raise KareusError("hardware.device: cuda needs a CUDA GPU and a CUDA build of torch, and torch sees "
+                                  "none; use hardware.device=cpu to check the logic without one")
             index = cfg.device_index if cfg.device_index >= 0 else int(os.environ.get("LOCAL_RANK", "0"))
             torch.cuda.set_device(index)
             self.device = torch.device("cuda", index)
