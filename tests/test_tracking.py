@@ -381,3 +381,31 @@ def test_gpu_hours_say_simulated_only_on_the_simulated_gpu():
 def test_mlflows_retired_file_store_is_refused_and_other_stores_pass(uri, refused):
     lines = TrackingConfig(uri=uri).problems()
     assert bool(lines) == refused and all(line.startswith("tracking.uri: MLflow's file store is retired") for line in lines)
+
+
+def test_a_signal_during_an_mlflow_write_lands_after_it_even_with_other_threads_running():
+    """The kernel may hand the signal to any thread; the write still finishes before the handler runs."""
+    import os
+    import signal
+    import threading
+
+    from kareus.tracking.store import retry
+
+    stop = threading.Event()
+    worker = threading.Thread(target=stop.wait, daemon=True)  # a thread that does not block the signal
+    worker.start()
+    steps = []
+
+    def write():
+        steps.append("begin")
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1000):  # bytecodes at which an undeferred handler would run
+            pass
+        steps.append("end")
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            retry(write)
+    finally:
+        stop.set()
+    assert steps == ["begin", "end"]
