@@ -1,5 +1,6 @@
 """The composition stage on the simulated GPU: the Megatron reference is Megatron's own unsplit layout,
-and the plain top-clock schedule stays an option even when a search never measured it."""
+which is also an option of every instruction, and the plain top-clock schedule stays an option even
+when a search never measured it."""
 from __future__ import annotations
 
 import dataclasses
@@ -59,5 +60,36 @@ def test_top_clock_schedule_stays_an_option(low_clock_run):
     for opts in comp.options.values():
         assert {o.freq_mhz for o in opts} >= {low, ctx.gpu.max_mhz}
     without = compose(ctx, results, dataclasses.replace(fixed, anchors={}))
-    fastest = min(p.time_s for p in comp.frontier.frontier)
-    assert fastest < min(p.time_s for p in without.frontier.frontier)  # the low clock alone is slower
+
+    def fastest_split(c, key):  # the nanobatched options alone (Megatron's own layout is one more)
+        return min(o.time_s for o in c.options[key] if o is not c.reference_options[key])
+
+    for key in comp.options:  # the low clock alone is slower
+        assert fastest_split(comp, key) < fastest_split(without, key)
+
+
+def test_megatrons_own_layout_is_one_more_option_so_plans_never_trail_it(tmp_path):
+    """On host-bound work (the tiny model) splitting the microbatch costs more than overlap saves: the
+    fastest plan runs Megatron's layout, as fast as the reference, where the nanobatched ones trail it."""
+    cfg = compose_config("+model=tiny", "parallel=pp1_tp2", "profiler/cooldown=none")
+    ctx = build_context(cfg, validate(cfg), tmp_path)
+    journal = Journal.open(tmp_path / "journal.sqlite", ctx.config_hash)
+    with Profiler(to_dataclass(ProfilerConfig, ctx.typed["profiler"]), make_backend(ctx), journal) as profiler:
+        results = []
+        for t in ctx.partitioning.types:
+            ms = profiler.evaluator(t)([Candidate(t.key, SEQUENTIAL, 16, ctx.gpu.max_mhz)])
+            results.append(SearchResult(t.key, ms, Frontier([]), Frontier([])))
+        fixed = measure_fixed_work(ctx, profiler, results)
+    journal.close()
+    comp = compose(ctx, results, fixed)
+    for key, ref in comp.reference_options.items():
+        assert ref in comp.options[key]
+    fastest = min(comp.frontier.frontier, key=lambda p: p.time_s)
+    assert fastest.time_s == pytest.approx(comp.reference.time_s, rel=1e-9)
+    split = [o for opts in comp.options.values() for o in opts if o not in comp.reference_options.values()]
+    assert split and all(not any(k.startswith(MEGATRON_PREFIX) for k in o.choices) for o in split)
+    from kareus.plan import make_plans
+
+    [plan, *_] = make_plans(comp.frontier, [ctx.partitioning, fixed.megatron], config_hash="h", hardware="sim")
+    parts = [p for st in plan.stages for ins in st.instructions for p in ins.partitions]
+    assert parts and all(p.partition.startswith(MEGATRON_PREFIX) and p.count > 0 for p in parts)

@@ -82,6 +82,18 @@ def test_partition_settings_follow_the_current_instruction():
         ex.begin(7, "fwd")
 
 
+def test_an_instruction_in_megatrons_layout_says_so():
+    megatron = InstructionPlan(0, "bwd", (0, 1, 2, 3), 1410, 0.01, 1.0,
+                               (PartitionSetting("megatron:bwd_attn", "sequential", 16, 2),))
+    stage0 = StagePlan(0, (_ins("fwd", (0, 1, 2, 3), 1410, "attn_0", 8), megatron))
+    plan = ExecutionPlan(1, "h", "sim", "kareus", "1f1b", 0, 1, 4, 2, 85.0, 1.0, 100.0, 50.0, (stage0,))
+    ex = PlanExecutor(plan, FakeController(), stage=0)
+    ex.begin(0, "fwd")
+    assert not ex.megatron_layout()
+    ex.begin(0, "bwd")
+    assert ex.megatron_layout() and ex.setting("megatron:bwd_attn").slot == "sequential"
+
+
 def test_clocks_are_reset_on_exit_even_after_an_error_and_relocked_after():
     ctl = FakeController()
     with pytest.raises(ZeroDivisionError):

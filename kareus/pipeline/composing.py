@@ -1,5 +1,7 @@
 """The composition stage: residual work and Megatron's own layout are measured, then partition
-measurements become instruction options, the iteration frontier, and execution plans."""
+measurements become instruction options, the iteration frontier, and execution plans. An option whose
+partitions carry the ``megatron:`` prefix runs the instruction in Megatron's own layout: the
+microbatch unsplit, no overlap, the top clock."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -98,6 +100,10 @@ def compose(ctx: RunContext, results: Sequence[SearchResult], fixed: FixedWork) 
     megatron = {k: [m] for k, m in fixed.megatron_partitions.items()}
     ref_options = {(w.stage, w.direction): compose_instruction(w, megatron, fixed.megatron_residual[(w.stage, w.direction)])[0]
                    for w in fixed.megatron.work}
+    for key, ref in ref_options.items():
+        # Megatron's own layout is one more way to run an instruction: where splitting the microbatch
+        # costs more than overlap saves (host-bound work), the plans keep it and never trail Megatron
+        options.setdefault(key, []).append(ref)
     p = ctx.parallel
     dag = pipeline_dag(p.schedule, p.pp, p.num_microbatches)
     gpus_per_stage = p.tp * p.cp * p.dp

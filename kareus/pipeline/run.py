@@ -109,7 +109,8 @@ def _compose_and_plan(ctx: RunContext, console: Console, backend: Any, results: 
         journal.close()
     fixed_gpu_seconds = backend.now() - started
     comp = compose(ctx, results, fixed)
-    plans = make_plans(comp.frontier, ctx.partitioning, config_hash=ctx.config_hash, hardware=ctx.hardware_label)
+    plans = make_plans(comp.frontier, [ctx.partitioning, fixed.megatron], config_hash=ctx.config_hash,
+                       hardware=ctx.hardware_label)
     selected, selection_error = None, None
     try:
         selected = select_plan(plans, ctx.typed["plan"])

@@ -65,16 +65,19 @@ class ExecutionPlan:
         raise KeyError((stage, microbatch, d))
 
 
-def make_plans(frontier: IterationFrontier, partitioning: Partitioning | None = None, *, config_hash: str,
-               hardware: str) -> list[ExecutionPlan]:
+def make_plans(frontier: IterationFrontier, partitioning: Partitioning | Sequence[Partitioning] | None = None, *,
+               config_hash: str, hardware: str) -> list[ExecutionPlan]:
     """One ExecutionPlan per iteration-frontier point, fastest first.
 
-    ``partitioning`` (optional) adds each partition type's occurrence count per instruction.
+    ``partitioning`` (optional; several, e.g. the nanobatch one and Megatron's own) adds each
+    partition type's occurrence count per instruction.
     """
     dag, options = frontier.dag, frontier.options
     counts: dict[tuple[int, str], dict[str, int]] = {}
-    if partitioning is not None:
-        counts = {(w.stage, w.direction.value): dict(w.partitions) for w in partitioning.work}
+    layouts = [] if partitioning is None else [partitioning] if isinstance(partitioning, Partitioning) else partitioning
+    for layout in layouts:
+        for w in layout.work:
+            counts.setdefault((w.stage, w.direction.value), {}).update(dict(w.partitions))
     plans = []
     for index, point in enumerate(frontier):
         a = point.payload

@@ -126,6 +126,15 @@ class PlanExecutor:
             raise PlanCoverageError(f"the plan's {self.current.direction} instruction on stage {self.stage} has "
                                     f"no setting for partition {partition!r}; it has: {known}") from None
 
+    def megatron_layout(self) -> bool:
+        """Whether the current instruction runs Megatron's own layout (the microbatch unsplit, no
+        overlap): its partitions carry the ``megatron:`` prefix, and layer code must not split it."""
+        from kareus.partition.sequential import MEGATRON_PREFIX
+
+        if self.current is None:
+            raise RuntimeError("no instruction is running: call begin(microbatch, direction) first")
+        return bool(self._settings) and all(k.startswith(MEGATRON_PREFIX) for k in self._settings)
+
     def slot(self, partition: str) -> str:
         return self.setting(partition).slot
 
