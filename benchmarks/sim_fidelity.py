@@ -154,7 +154,8 @@ def main() -> None:
               f"{y['energy_rho']:>10.3f}")
     print(f"{'all':>6} {'':>5} | {m['time_median_ape']:>9.3f} {m['energy_median_ape']:>10.3f} "
           f"{m['time_spearman']:>9.3f} {m['energy_spearman']:>10.3f} | {b['time_median_ape']:>10.3f} "
-          f"{b['energy_median_ape']:>10.3f} {b['time_spearman']:>10.3f} {b['energy_spearman']:>10.3f}  (rho: the lower of the two clocks' values)")
+          f"{b['energy_median_ape']:>10.3f} {b['time_spearman']:>10.3f} {b['energy_spearman']:>10.3f}  "
+          "(rho: the lower of the two clocks' values)")
     result = {
         "time_median_ape": m["time_median_ape"], "energy_median_ape": m["energy_median_ape"],
         "time_spearman": m["time_spearman"], "energy_spearman": m["energy_spearman"],

@@ -102,7 +102,8 @@ def _group_options(group: str) -> list[str]:
 
     # with the call's --config-dir folders: the pre-check's loader, unlike the job's, lacks them
     loader = GlobalHydra.instance().config_loader()
-    return sorted(loader.get_group_options(group, config_name=CONFIG_NAME, overrides=searchpath_overrides(sys.argv[1:])))
+    extra = searchpath_overrides(sys.argv[1:])
+    return sorted(loader.get_group_options(group, config_name=CONFIG_NAME, overrides=extra))
 
 
 _INTERNAL_GROUPS = ("hydra", "schema")  # Hydra's own groups and the typed schemas behind the options

@@ -212,12 +212,8 @@ def sweep_job_label(num: int, job: Sequence[str], argv: Sequence[str]) -> str:
     """``job N (swept values)`` for a running sweep job, named as ``override_problems`` names it."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    call = _split_args(argv)
-    swept: set[str] = set()
-    if call is not None:
-        try:
-            swept = {o.get_key_element() for o in OverridesParser.create().parse_overrides(call.overrides)
-                     if o.is_sweep_override()}
-        except Exception:  # the job runs, so its overrides parsed; fall back to all of them
-            swept = set()
+    call = _split_args(argv)  # the job runs, so its overrides parsed
+    swept = set() if call is None else {o.get_key_element() for o in
+                                        OverridesParser.create().parse_overrides(call.overrides)
+                                        if o.is_sweep_override()}
     return f"job {num} ({_job_label(job, swept)})"

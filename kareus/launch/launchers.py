@@ -104,7 +104,8 @@ class ProcessLauncher:
             from concurrent.futures.process import BrokenProcessPool
 
             if isinstance(err, BrokenProcessPool):
-                raise WorkerLost("launcher: a partition-search worker process died (killed, or out of memory?)") from None
+                raise WorkerLost("launcher: a partition-search worker process died (killed, or out of memory?)") \
+                    from None
             if isinstance(err, (EOFError, ConnectionError)):  # the manager process relaying the events
                 raise WorkerLost("launcher: the process relaying the workers' events died (killed?)") from None
             raise

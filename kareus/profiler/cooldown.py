@@ -40,6 +40,12 @@ def group_max(backend: HardwareBackend, value: float) -> float:
     return float(agree(value)) if callable(agree) else float(value)
 
 
+def group_all(backend: HardwareBackend, flag: bool) -> bool:
+    """Whether ``flag`` holds on every rank of the backend's group (``flag`` itself on a single GPU):
+    a rank that acted on its own ``True`` while a peer's was ``False`` would leave collectives unmatched."""
+    return group_max(backend, 0.0 if flag else 1.0) == 0
+
+
 def group_mean(backend: HardwareBackend, value: float) -> float:
     """The mean of ``value`` over the backend's group of ranks (the value itself on a single GPU):
     what each rank derives from its own GPU but records as the group's (a heat correction)."""

@@ -22,7 +22,7 @@ from kareus.errors import KareusError
 from kareus.events import CandidateMeasured
 from kareus.hardware.base import HardwareBackend
 from kareus.profiler.config import ProfilerConfig, section
-from kareus.profiler.cooldown import group_max, group_mean
+from kareus.profiler.cooldown import group_all, group_mean
 from kareus.profiler.journal import Journal
 from kareus.profiler.stats import mad_outliers, median
 from kareus.registry import COOLDOWNS, FREQUENCY_CONTROLLERS
@@ -133,7 +133,7 @@ class Profiler:
         the peer waiting in collectives, so the group measures again unless all ranks hold it.
         """
         hit = self._known.get(cand.key)
-        return hit if group_max(self.backend, 0.0 if hit is not None else 1.0) == 0 else None
+        return hit if group_all(self.backend, hit is not None) else None
 
     def close(self) -> None:
         """Give the clocks back (the frequency controller resets them)."""
@@ -188,7 +188,7 @@ class Profiler:
         key = f"thermal:{self.backend.name}:{type(self.cooldown).__name__}"
         saved = self.journal.get_meta(key) if self.journal is not None else None
         # probed earlier in the run (or before a resume) on every GPU of the group: else all probe again
-        if group_max(self.backend, 0.0 if saved is not None else 1.0) == 0:
+        if group_all(self.backend, saved is not None):
             self.cooldown.load_state(json.loads(saved))
             return
 

@@ -13,8 +13,9 @@ This backend never changes clocks or power limits.
 The ranks of a tensor-parallel group measure in lockstep, so every decision that changes how many
 collectives a rank issues is the group's: the execution count, and whether a window is good, failed
 or must be read again (``_group_verdict``). Each rank runs the search itself, so each window's
-numbers are the group's too (``_group_reading``): the slowest rank's time, the ranks' mean energy. Under torchrun the backend starts torch.distributed
-itself; a comm backend without a usable process group is a configuration error (``CommSetupError``).
+numbers are the group's too (``_group_reading``): the slowest rank's time, the ranks' mean energy.
+Under torchrun the backend starts torch.distributed itself; a comm backend without a usable process
+group is a configuration error (``CommSetupError``).
 
 With ``device: cpu`` the same logic runs without streams (an async gloo collective still overlaps
 the chain) and with wall-clock timing; energy is unavailable, so readings carry the time and are
@@ -372,10 +373,10 @@ class CudaBackend(LockedClock):
 
     def _group_reading(self, r: Reading) -> Reading:
         """The group's reading, identical on every rank: energy and clock the ranks' means,
-        temperature the hottest rank's. Every rank runs the search itself on its
-        readings; per-GPU numbers would fit different surrogates and pick different candidates, and
-        the ranks would then launch different collectives. The mean keeps the per-GPU scale that
-        static power and the plans use."""
+        temperature the hottest rank's. Every rank runs the search itself on its readings; per-GPU
+        numbers would fit different surrogates and pick different candidates, and the ranks would
+        then launch different collectives. The mean keeps the per-GPU scale that static power and
+        the plans use."""
         gather = getattr(self.comm, "gather", None)
         if gather is None:
             return r

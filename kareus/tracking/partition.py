@@ -161,7 +161,8 @@ class PartitionRunListener:
         if not self.hv or self.hv[-1][0] != ev.profiled:
             self.hv.append((ev.profiled, ev.hypervolume))
         self._log({"profiled": ev.profiled, "failed_candidates": ev.failed, "gpu_seconds_total": ev.gpu_seconds,
-                   records.gpu_hours_name(self.spec.simulated): ev.gpu_seconds / 3600.0, "hypervolume_final": ev.hypervolume,
+                   records.gpu_hours_name(self.spec.simulated): ev.gpu_seconds / 3600.0,
+                   "hypervolume_final": ev.hypervolume,
                    "frontier_points": len(ev.frontier)}, step=ev.profiled)
         run_id = self._ensure_run()
         self._write_candidates(table=True)
