@@ -73,3 +73,13 @@ def test_plan_quality_compares_the_plans_a_user_picks():
     late = pq.plan_points(Composed([(2.5, 6.5)]), reference_time_s=2.0)
     assert late["deadline"] is None and "deadline_extra_energy" not in pq.compare(late, exh)
     assert pq.compare(late, exh)["deadline_met"] == 0.0  # counted, so a miss cannot hide in the average
+    assert pq.compare(ours, exh, perseus_energy_j=11.0)["perseus_energy_saving"] == pytest.approx(0.3)
+    assert "perseus_energy_saving" not in pq.compare(late, exh, perseus_energy_j=11.0)
+
+    class WithPerseus(Composed):
+        def __init__(self, pts, perseus):
+            super().__init__(pts)
+            self.perseus = Composed(perseus)
+
+    assert pq.perseus_energy_within(WithPerseus([], [(2.0, 9.0), (2.5, 8.0)]), 2.0) == 9.0
+    assert pq.perseus_energy_within(WithPerseus([], [(2.5, 8.0)]), 2.0) is None

@@ -56,6 +56,12 @@ def test_mission_command_writes_frontiers_plans_and_record(mission_run):
     assert selected["predicted_time_s"] == pytest.approx(min(times))  # max_throughput by default
     out = json.loads((run / "summary.json").read_text())
     assert out["selected"]["time_s"] <= out["reference"]["time_s"]  # never slower than Megatron
+    # Megatron + Perseus at equal time: every point of its frontier has a plan within its time
+    perseus = list(csv.DictReader((run / "frontier_perseus.csv").open()))
+    assert len(perseus) == out["perseus"]["baseline_points"] >= 2
+    assert float(perseus[0]["time_s"]) == pytest.approx(out["reference"]["time_s"], rel=1e-6)
+    assert all(r["plan"] and float(r["plan_energy_j"]) <= float(r["energy_j"]) * (1 + 1e-9) for r in perseus)
+    assert out["perseus"]["energy_saving_min_pct"] >= 0 and "Megatron + Perseus" in res.stdout
     assert "Megatron" in res.stdout and "simulated" in res.stdout
     assert (cwd / "runs" / "mlflow.db").is_file()
 

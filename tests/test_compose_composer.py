@@ -161,3 +161,26 @@ def test_the_cheapest_plan_is_found_when_it_is_slower_than_the_lp_optimum():
     best = min((model.assess(c) for c in itertools.product(*[range(3)] * len(dag))), key=lambda a: a.energy_j)
     frontier = KareusComposer().compose(dag, options, 5.0, 1, 2)
     assert min(frontier.energies) == pytest.approx(best.energy_j, rel=1e-12)
+
+
+def test_joined_frontier_keeps_what_a_composition_of_fewer_options_found():
+    """The Megatron + Perseus points join Kareus' frontier: re-priced in its options, never lost."""
+    from kareus.compose.synthetic import synthetic_options
+
+    S, M = 3, 4
+    dag = pipeline_dag("1f1b", S, M)
+    full = synthetic_options(S, seed=5)
+    sub = {k: v[::2] for k, v in full.items()}  # every other option: a subset of the same objects
+    composer = KareusComposer(KareusComposerConfig(num_deadlines=6))
+    ours, peer = composer.compose(dag, full, 75.0, 4, S), composer.compose(dag, sub, 75.0, 4, S)
+    joined = ours.joined(peer)
+    for p in peer.frontier:  # each peer point re-priced exactly, or beaten
+        assert any(q.time_s <= p.time_s * (1 + 1e-12) and q.energy_j <= p.energy_j * (1 + 1e-12)
+                   for q in joined.frontier)
+    for q in joined.frontier:  # every point prices its own assignment in the full options
+        a = ours.model.assess(q.payload.choice)
+        assert (a.time_s, a.energy_j) == pytest.approx((q.time_s, q.energy_j))
+    assert joined.hypervolume((1e9, 1e12)) >= ours.hypervolume((1e9, 1e12))
+    assert all(o in full[k] for k in full for o in sub[k])
+    with pytest.raises(ValueError):  # options outside this frontier's cannot be re-priced
+        peer.joined(ours)

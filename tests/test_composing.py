@@ -39,13 +39,17 @@ def low_clock_run(tmp_path_factory):
     return ctx, results, fixed, low
 
 
+def _megatron(option) -> bool:
+    return all(k.startswith(MEGATRON_PREFIX) for k in option.choices)
+
+
 def test_reference_is_megatron_unsplit_layout(low_clock_run):
     ctx, results, fixed, _ = low_clock_run
     assert fixed.megatron_partitions and all(k.startswith(MEGATRON_PREFIX) for k in fixed.megatron_partitions)
-    assert all(m.candidate.freq_mhz == ctx.gpu.max_mhz and m.candidate.slot == SEQUENTIAL
-               for m in fixed.megatron_partitions.values())
+    assert all(m.candidate.slot == SEQUENTIAL and m.candidate.sms == ctx.gpu.default_comm_sms
+               for ms in fixed.megatron_partitions.values() for m in ms)
     comp = compose(ctx, results, fixed)
-    assert set(comp.reference_options) == set(comp.options)  # one Megatron option per instruction
+    assert set(comp.reference_options) == set(comp.options)  # a Megatron option per instruction
     assert all(o.freq_mhz == ctx.gpu.max_mhz for o in comp.reference_options.values())
     # unsplit kernels: Megatron's instruction is not the nanobatched no-overlap schedule at the top clock
     anchors = {k: [m] for k, m in fixed.anchors.items()}
@@ -61,8 +65,8 @@ def test_top_clock_schedule_stays_an_option(low_clock_run):
         assert {o.freq_mhz for o in opts} >= {low, ctx.gpu.max_mhz}
     without = compose(ctx, results, dataclasses.replace(fixed, anchors={}))
 
-    def fastest_split(c, key):  # the nanobatched options alone (Megatron's own layout is one more)
-        return min(o.time_s for o in c.options[key] if o is not c.reference_options[key])
+    def fastest_split(c, key):  # the nanobatched options alone (Megatron's own layout adds more)
+        return min(o.time_s for o in c.options[key] if not _megatron(o))
 
     for key in comp.options:  # the low clock alone is slower
         assert fastest_split(comp, key) < fastest_split(without, key)
@@ -86,10 +90,47 @@ def test_megatrons_own_layout_is_one_more_option_so_plans_never_trail_it(tmp_pat
         assert ref in comp.options[key]
     fastest = min(comp.frontier.frontier, key=lambda p: p.time_s)
     assert fastest.time_s == pytest.approx(comp.reference.time_s, rel=1e-9)
-    split = [o for opts in comp.options.values() for o in opts if o not in comp.reference_options.values()]
+    split = [o for opts in comp.options.values() for o in opts if not _megatron(o)]
     assert split and all(not any(k.startswith(MEGATRON_PREFIX) for k in o.choices) for o in split)
     from kareus.plan import make_plans
 
     [plan, *_] = make_plans(comp.frontier, [ctx.partitioning, fixed.megatron], config_hash="h", hardware="sim")
     parts = [p for st in plan.stages for ins in st.instructions for p in ins.partitions]
     assert parts and all(p.partition.startswith(MEGATRON_PREFIX) and p.count > 0 for p in parts)
+
+
+def test_perseus_space_is_megatrons_layout_at_every_searched_clock(low_clock_run):
+    """plan.compare_perseus (the default): Megatron's layout is measured at each clock the searches
+    measured, composed alone into the Megatron + Perseus frontier, and offered to Kareus too, so
+    Kareus' frontier is never worse than Perseus' at equal time."""
+    ctx, results, fixed, low = low_clock_run
+    assert fixed.perseus
+    assert all({m.candidate.freq_mhz for m in ms} == {low, ctx.gpu.max_mhz} for ms in fixed.megatron_partitions.values())
+    comp = compose(ctx, results, fixed)
+    assert comp.perseus is not None and len(comp.perseus) >= 2
+    for key, opts in comp.perseus.options.items():
+        assert opts and all(_megatron(o) for o in opts) and {o.freq_mhz for o in opts} >= {low, ctx.gpu.max_mhz}
+        assert all(o in comp.options[key] for o in opts)
+    assert min(comp.perseus.times) == pytest.approx(comp.reference.time_s, rel=1e-9)  # top clock throughout
+    assert min(comp.perseus.energies) < comp.reference.energy_j  # slower clocks off the critical path save energy
+    for t, e in zip(comp.perseus.times, comp.perseus.energies):
+        within = [p.energy_j for p in comp.frontier.frontier if p.time_s <= t * (1 + 1e-9)]
+        assert within and min(within) <= e * (1 + 1e-6), (t, e)
+
+
+def test_without_compare_perseus_megatron_is_measured_at_the_top_clock_alone(tmp_path):
+    cfg = compose_config("+model=tiny", "parallel=pp1_tp2", "profiler/cooldown=none", "plan.compare_perseus=false")
+    ctx = build_context(cfg, validate(cfg), tmp_path)
+    low = ctx.gpu.min_mhz + 50 * ctx.gpu.step_mhz
+    journal = Journal.open(tmp_path / "journal.sqlite", ctx.config_hash)
+    with Profiler(to_dataclass(ProfilerConfig, ctx.typed["profiler"]), make_backend(ctx), journal) as profiler:
+        results = [SearchResult(t.key, profiler.evaluator(t)([Candidate(t.key, SEQUENTIAL, 16, f)
+                                                              for f in (low, ctx.gpu.max_mhz)]),
+                                Frontier([]), Frontier([])) for t in ctx.partitioning.types]
+        fixed = measure_fixed_work(ctx, profiler, results)
+    journal.close()
+    assert not fixed.perseus
+    assert all([m.candidate.freq_mhz for m in ms] == [ctx.gpu.max_mhz] for ms in fixed.megatron_partitions.values())
+    comp = compose(ctx, results, fixed)
+    assert comp.perseus is None
+    assert all([o for o in opts if _megatron(o)] == [comp.reference_options[k]] for k, opts in comp.options.items())

@@ -193,3 +193,35 @@ def test_a_one_row_frontier_table_shows_one_plan(plans):
 
     assert len(plans) > 1
     assert frontier_table(plans, max_rows=1).row_count == 1
+
+
+def test_equal_time_pairs_each_baseline_point_with_the_least_energy_plan_within_its_time(tmp_path, plans):
+    from kareus.plan.baseline import equal_time, equal_time_table, savings_summary, write_equal_time_csv
+
+    fastest, cheapest = plans[0], min(plans, key=lambda p: p.predicted_energy_j)
+    mid = plans[len(plans) // 2]
+    baseline = [(cheapest.predicted_time_s * 2, cheapest.predicted_energy_j * 1.5),
+                (mid.predicted_time_s, mid.predicted_energy_j * 1.25),
+                (fastest.predicted_time_s * 0.9, 1e9)]  # faster than any plan: no counterpart
+    rows = equal_time(plans, baseline)
+    assert [r.baseline_time_s for r in rows] == sorted(t for t, _ in baseline)  # fastest first
+    assert rows[0].plan is None and rows[0].energy_saving_pct is None
+    within = [p for p in plans if p.predicted_time_s <= mid.predicted_time_s]
+    assert rows[1].plan == min(within, key=lambda p: p.predicted_energy_j)
+    assert rows[2].plan == cheapest and rows[2].energy_saving_pct == pytest.approx(100 * (1 - 1 / 1.5))
+    s = savings_summary(rows)
+    assert s["baseline_points"] == 3 and s["baseline_min_time_s"] == rows[0].baseline_time_s
+    assert "energy_saving_at_fastest_pct" not in s  # no plan is as fast as the baseline's fastest point
+    assert s["energy_saving_max_pct"] == pytest.approx(100 * (1 - 1 / 1.5))
+    assert s["energy_saving_min_pct"] == pytest.approx(rows[1].energy_saving_pct)
+    assert savings_summary([]) == {}
+    import csv
+
+    got = list(csv.DictReader(write_equal_time_csv(tmp_path / "b.csv", rows).open()))
+    assert [g["plan"] for g in got] == ["", str(rows[1].plan.index), str(cheapest.index)]
+    from rich.console import Console
+
+    console = Console(record=True, width=140)
+    console.print(equal_time_table(rows, "vs baseline", max_rows=2))
+    text = console.export_text()
+    assert "none this fast" in text and f"plan {cheapest.index:03d}" in text and "vs baseline" in text

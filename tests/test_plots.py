@@ -56,6 +56,8 @@ def test_iteration_hypervolume_and_grid_plots(tmp_path):
     it = Frontier.from_arrays([1.0, 1.1, 1.3], [1000.0, 900.0, 850.0])
     _png_size(plots.plot_iteration_frontier(it, tmp_path / "it.png", reference=(1.02, 1050.0), selected=(1.1, 900.0)))
     _png_size(plots.plot_iteration_frontier(Frontier(()), tmp_path / "empty.png"))
+    base = Frontier.from_arrays([1.02, 1.4, 2.0], [1000.0, 950.0, 940.0])  # beyond the frontier's range
+    _png_size(plots.plot_iteration_frontier(it, tmp_path / "base.png", reference=(1.02, 1050.0), baseline=base))
     _png_size(plots.plot_hypervolume([8, 16, 24], [0.1, 0.2, 0.21], tmp_path / "hv.png", budget=30))
     w, h = _png_size(plots.plot_frontiers({f"stage{i}.fwd": it for i in range(4)}, tmp_path / "grid.png",
                                           references={"stage0.fwd": (1.02, 1050.0)}))

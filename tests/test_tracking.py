@@ -134,7 +134,8 @@ def test_frontiers_plan_and_summary(store, client, tmp_path):
     tracker.start(RESOLVED, CHOICES, OVERRIDES, hardware="sim:a100")
     it = Frontier.from_arrays([1.0, 1.1, 1.3], [1000.0, 900.0, 850.0], payloads=[{"plan": i} for i in range(3)])
     tracker.log_microbatch_frontiers({"stage0.fwd": it, "stage0.bwd": it}, references={"stage0.fwd": (1.02, 1050.0)})
-    tracker.log_iteration_frontier(it, reference=(1.02, 1050.0), selected=(1.1, 900.0))
+    perseus = Frontier.from_arrays([1.02, 1.5], [1000.0, 950.0])
+    tracker.log_iteration_frontier(it, reference=(1.02, 1050.0), selected=(1.1, 900.0), baseline=perseus)
     plan = tmp_path / "plan.yaml"
     plan.write_text("stages: []\n")
     tracker.log_plan(plan)
@@ -151,7 +152,7 @@ def test_frontiers_plan_and_summary(store, client, tmp_path):
     files = _artifacts(client, run_id)
     assert {"plan/plan.yaml", "plots/iteration_frontier.png", "plots/microbatch_frontiers.png",
             "frontiers/iteration.csv", "frontiers/iteration.json", "frontiers/microbatch/stage0.fwd.csv",
-            "frontiers/microbatch/stage0.bwd.csv"} <= files
+            "frontiers/microbatch/stage0.bwd.csv", "frontiers/perseus.csv", "frontiers/perseus.json"} <= files
     rows = list(csv.DictReader(io.StringIO(_text(client, run_id, "frontiers/iteration.csv"))))
     assert [r["plan"] for r in rows] == ["0", "1", "2"]
 

@@ -145,3 +145,13 @@ class IterationFrontier:
 
     def assignments(self) -> list[Assignment]:
         return [p.payload for p in self.frontier]
+
+    def joined(self, other: "IterationFrontier") -> "IterationFrontier":
+        """This frontier with ``other``'s points added, pruned to the Pareto set. Every option
+        ``other`` uses must be one of this frontier's (e.g. a composition of a subset of its options):
+        a composer is a heuristic, and run on more options it may miss a point a run on fewer found."""
+        model, dag = self.model, self.dag
+        extra = [model.assess([list(model.options[n.key]).index(other.options[n.key][c])
+                               for n, c in zip(dag.nodes, a.choice)]) for a in other.assignments()]
+        return IterationFrontier.from_assignments(self.assignments() + extra, model, self.composer,
+                                                  self.seconds + other.seconds)

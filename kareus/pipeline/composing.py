@@ -1,7 +1,12 @@
 """The composition stage: residual work and Megatron's own layout are measured, then partition
 measurements become instruction options, the iteration frontier, and execution plans. An option whose
 partitions carry the ``megatron:`` prefix runs the instruction in Megatron's own layout: the
-microbatch unsplit, no overlap, the top clock."""
+microbatch unsplit, no overlap, the comm library's default SMs, at the option's clock.
+
+Megatron's layout at the top clock is the reference point. With ``plan.compare_perseus`` it is
+measured at every searched clock too: composed alone, those options are Perseus' space (one clock
+per instruction over Megatron's layout), and its iteration frontier is the baseline every plan is
+compared with at equal time; they are also options of Kareus' own, so no plan trails Perseus."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,6 +29,7 @@ class Composition:
     dag: Any
     reference: Any  # Assignment: Megatron's iteration time and energy on the same hardware
     residual_measurements: int
+    perseus: IterationFrontier | None = None  # Megatron + Perseus: Megatron's layout, a clock per instruction
 
 
 @dataclass
@@ -33,24 +39,26 @@ class FixedWork:
     ``residual``: each instruction's non-partition work at every searched clock. ``anchors``: each
     searched partition at no overlap, the top clock and the default SMs, a configuration the search
     may have skipped; as an option it keeps the fastest plan from trailing the plain schedule.
-    ``megatron``: Megatron-LM's own layout (unsplit microbatches, no overlap, top clock, default SMs),
-    its partitions and residual work measured once: the reference every plan is compared with.
+    ``megatron``: Megatron-LM's own layout (unsplit microbatches, no overlap, default SMs), its
+    partitions and residual work measured at the top clock (the reference every plan is compared
+    with) and, with ``perseus``, at every searched clock (Perseus' space).
     """
 
     residual: dict[OptionKey, dict[int, tuple[float, float]]]
     anchors: dict[str, Measurement]
     megatron: Partitioning
-    megatron_partitions: dict[str, Measurement]
+    megatron_partitions: dict[str, list[Measurement]]  # one per measured clock
     megatron_residual: dict[OptionKey, dict[int, tuple[float, float]]]
+    perseus: bool = False
 
     @property
     def residual_measurements(self) -> int:
         return sum(len(v) for v in self.residual.values()) + sum(len(v) for v in self.megatron_residual.values())
 
 
-def reference_candidate(key: str, ctx: RunContext) -> Candidate:
-    """Megatron's default: no overlap, the top clock, the comm library's default SM count."""
-    return Candidate(key, SEQUENTIAL, int(ctx.gpu.default_comm_sms), int(ctx.gpu.max_mhz))
+def reference_candidate(key: str, ctx: RunContext, freq_mhz: int | None = None) -> Candidate:
+    """Megatron's default: no overlap, the comm library's default SM count; the top clock unless given."""
+    return Candidate(key, SEQUENTIAL, int(ctx.gpu.default_comm_sms), int(freq_mhz or ctx.gpu.max_mhz))
 
 
 def _residual(profiler: Any, work: Any, clocks: Sequence[int]) -> dict[int, tuple[float, float]]:
@@ -64,8 +72,11 @@ def _residual(profiler: Any, work: Any, clocks: Sequence[int]) -> dict[int, tupl
     return per_clock
 
 
-def _at_reference(ctx: RunContext, profiler: Any, partitioning: Partitioning) -> dict[str, Measurement]:
-    return {t.key: profiler.evaluator(t)([reference_candidate(t.key, ctx)], [{"pass": "reference"}])[0]
+def _at_reference(ctx: RunContext, profiler: Any, partitioning: Partitioning,
+                  clocks: Sequence[int]) -> dict[str, list[Measurement]]:
+    """Each partition type at Megatron's default (no overlap, default SMs) at each of ``clocks``."""
+    return {t.key: profiler.evaluator(t)([reference_candidate(t.key, ctx, f) for f in clocks],
+                                         [{"pass": "reference"} for _ in clocks])
             for t in partitioning.types}
 
 
@@ -77,16 +88,20 @@ def measure_fixed_work(ctx: RunContext, profiler: Any, results: Sequence[SearchR
     top = int(ctx.gpu.max_mhz)
     clocks = sorted({int(m.candidate.freq_mhz) for r in results for m in r.measurements if not m.failed} | {top})
     megatron = megatron_partitioning(ctx.workload)
+    perseus = bool(ctx.typed["plan"].compare_perseus)
+    megatron_clocks = [top] + ([f for f in clocks if f != top] if perseus else [])  # the reference first
     return FixedWork(
         residual={(w.stage, w.direction): _residual(profiler, w, clocks) for w in ctx.partitioning.work},
-        anchors=_at_reference(ctx, profiler, ctx.partitioning),
+        anchors={k: ms[0] for k, ms in _at_reference(ctx, profiler, ctx.partitioning, [top]).items()},
         megatron=megatron,
-        megatron_partitions=_at_reference(ctx, profiler, megatron),
-        megatron_residual={(w.stage, w.direction): _residual(profiler, w, [top]) for w in megatron.work})
+        megatron_partitions=_at_reference(ctx, profiler, megatron, megatron_clocks),
+        megatron_residual={(w.stage, w.direction): _residual(profiler, w, megatron_clocks) for w in megatron.work},
+        perseus=perseus)
 
 
 def compose(ctx: RunContext, results: Sequence[SearchResult], fixed: FixedWork) -> Composition:
-    """Instruction options per (stage, direction), the iteration frontier and Megatron's point."""
+    """Instruction options per (stage, direction), the iteration frontier, Megatron's point and
+    (``fixed.perseus``) the Megatron + Perseus frontier."""
     from kareus.compose import fixed_option_iteration
 
     assert ctx.partitioning is not None
@@ -97,17 +112,30 @@ def compose(ctx: RunContext, results: Sequence[SearchResult], fixed: FixedWork) 
             known.append(anchor)
     options = {(w.stage, w.direction): compose_instruction(w, measured, fixed.residual[(w.stage, w.direction)])
                for w in ctx.partitioning.work}
-    megatron = {k: [m] for k, m in fixed.megatron_partitions.items()}
-    ref_options = {(w.stage, w.direction): compose_instruction(w, megatron, fixed.megatron_residual[(w.stage, w.direction)])[0]
-                   for w in fixed.megatron.work}
-    for key, ref in ref_options.items():
+    top = int(ctx.gpu.max_mhz)
+    megatron = {k: [m for m in ms if not m.failed] for k, ms in fixed.megatron_partitions.items()}
+    at_top = {k: [m for m in ms if m.candidate.freq_mhz == top] for k, ms in megatron.items()}
+    ref_options, perseus_options = {}, {}
+    for w in fixed.megatron.work:
+        key = (w.stage, w.direction)
+        residual = fixed.megatron_residual[key]
+        ref_options[key] = compose_instruction(w, at_top, {f: v for f, v in residual.items() if f == top})[0]
+        perseus_options[key] = compose_instruction(w, megatron, residual) if fixed.perseus else [ref_options[key]]
+        if ref_options[key] not in perseus_options[key]:
+            perseus_options[key].append(ref_options[key])
         # Megatron's own layout is one more way to run an instruction: where splitting the microbatch
         # costs more than overlap saves (host-bound work), the plans keep it and never trail Megatron
-        options.setdefault(key, []).append(ref)
+        # (nor, at its other clocks, Perseus)
+        options.setdefault(key, []).extend(perseus_options[key])
     p = ctx.parallel
     dag = pipeline_dag(p.schedule, p.pp, p.num_microbatches)
     gpus_per_stage = p.tp * p.cp * p.dp
+    P = float(ctx.gpu.static_power_w)
     composer = COMPOSERS.build(str(ctx.cfg.compose.name), config=ctx.typed["compose"])
-    frontier = composer.compose(dag, options, float(ctx.gpu.static_power_w), gpus_per_stage, p.pp)
-    ref_point = fixed_option_iteration(dag, ref_options, float(ctx.gpu.static_power_w), gpus_per_stage, p.pp)
-    return Composition(options, ref_options, frontier, dag, ref_point, fixed.residual_measurements)
+    frontier = composer.compose(dag, options, P, gpus_per_stage, p.pp)
+    ref_point = fixed_option_iteration(dag, ref_options, P, gpus_per_stage, p.pp)
+    perseus = None
+    if fixed.perseus:
+        perseus = composer.compose(dag, perseus_options, P, gpus_per_stage, p.pp)
+        frontier = frontier.joined(perseus)  # Perseus' plans are Kareus plans too: never trail them
+    return Composition(options, ref_options, frontier, dag, ref_point, fixed.residual_measurements, perseus)

@@ -121,11 +121,16 @@ def _compose_and_plan(ctx: RunContext, console: Console, backend: Any, results: 
     console.print(frontier_table(plans, comp.reference, selected,
                                  title=f"Iteration frontier ({label} {ctx.gpu.name}, predicted)"))
     ref_t, ref_e = comp.reference.time_s, comp.reference.energy_j
+    perseus = _against_perseus(ctx, console, comp, plans, label)
     tracker.log_microbatch_frontiers(_microbatch_frontiers(comp))
     tracker.log_iteration_frontier(comp.frontier.frontier, reference=(ref_t, ref_e),
-                                   selected=(selected.predicted_time_s, selected.predicted_energy_j) if selected else None)
+                                   selected=(selected.predicted_time_s, selected.predicted_energy_j) if selected else None,
+                                   baseline=comp.perseus.frontier if comp.perseus is not None else None)
     out: dict[str, Any] = {"plans": len(plans), "reference": {"time_s": ref_t, "energy_j": ref_e},
                            "fixed_work_gpu_seconds": fixed_gpu_seconds}
+    if perseus:
+        tracker.log_summary({f"perseus.{k}": v for k, v in perseus.items()})
+        out["perseus"] = perseus
     if selected is not None:
         tracker.log_plan(outputs["plan_selected"])
         metrics = summary_metrics(selected.predicted_time_s, selected.predicted_energy_j, ref_t, ref_e, profiled,
@@ -142,6 +147,26 @@ def _compose_and_plan(ctx: RunContext, console: Console, backend: Any, results: 
     if selection_error is not None:
         raise KareusError(f"plan: {selection_error} (the frontier and all plans are in {ctx.run_dir})")
     return out
+
+
+def _against_perseus(ctx: RunContext, console: Console, comp: Any, plans: list, label: str) -> dict[str, float]:
+    """Each point of the Megatron + Perseus frontier beside the least-energy plan within its time:
+    a table, ``frontier_perseus.csv`` and a line; returns the savings summary ({} without it)."""
+    from kareus.plan.baseline import equal_time, equal_time_table, savings_summary, write_equal_time_csv
+
+    if comp.perseus is None or not len(comp.perseus):
+        return {}
+    rows = equal_time(plans, [(p.time_s, p.energy_j) for p in comp.perseus.frontier])
+    write_equal_time_csv(ctx.run_dir / "frontier_perseus.csv", rows)
+    console.print(equal_time_table(rows, "Against Megatron + Perseus (Megatron's layout, a clock per instruction) "
+                                         f"at equal time ({label}, predicted)"))
+    s = savings_summary(rows)
+    if s:
+        at = (f"{s['energy_saving_at_fastest_pct']:+.1f}% at its fastest point ({s['baseline_min_time_s']:.4f} s), "
+              if "energy_saving_at_fastest_pct" in s else "")
+        console.print(f"against Megatron + Perseus at equal time: energy saved {at}{s['energy_saving_min_pct']:+.1f}% "
+                      f"to {s['energy_saving_max_pct']:+.1f}% over its {int(s['baseline_points'])} points ({label})")
+    return s
 
 
 def _selection_rule(plan: Any) -> str:

@@ -19,6 +19,14 @@ def _saving(ref: float | None, value: float) -> float | None:
     return None if not ref else 100.0 * (ref - value) / ref
 
 
+def even_spread(n: int, max_rows: int) -> set[int]:
+    """Positions of at most ``max_rows`` of ``n`` rows: both ends and an even spread between them."""
+    if n <= max_rows:
+        return set(range(n))
+    step = (n - 1) / (max_rows - 1) if max_rows > 1 else 0.0
+    return {round(i * step) for i in range(max(max_rows, 1))}
+
+
 def write_run_outputs(run_dir: str | Path, plans: Sequence[ExecutionPlan], selected: ExecutionPlan | None = None,
                       reference: Assignment | None = None) -> dict[str, Path]:
     """Write ``frontier_iteration.csv``, ``plans/plan_NNN.yaml`` and ``plan_selected.yaml`` into ``run_dir``."""
@@ -68,8 +76,7 @@ def frontier_table(plans: Sequence[ExecutionPlan], reference: Assignment | None 
                       "-", "-", "reference", style="bold")
     rows = list(plans)
     if len(rows) > max_rows:  # keep both ends, the selected plan and an even spread
-        step = (len(rows) - 1) / (max_rows - 1) if max_rows > 1 else 0.0
-        keep = {round(i * step) for i in range(max(max_rows, 1))}
+        keep = even_spread(len(rows), max_rows)
         if selected is not None:
             keep.add(selected.index)
         rows = [p for p in rows if p.index in keep]

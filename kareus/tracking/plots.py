@@ -117,9 +117,14 @@ def plot_hypervolume(profiled: Sequence[int], hypervolume: Sequence[float], path
 
 def plot_iteration_frontier(frontier: Frontier, path: str | Path, reference: tuple[float, float] | None = None,
                             selected: tuple[float, float] | None = None, title: str = "Iteration frontier",
-                            note: str | None = None, reference_label: str = "Megatron (reference)") -> Path:
-    """The iteration time-energy frontier, the Megatron reference point and the selected plan."""
+                            note: str | None = None, reference_label: str = "Megatron (reference)",
+                            baseline: Frontier | None = None,
+                            baseline_label: str = "Megatron + Perseus") -> Path:
+    """The iteration time-energy frontier, the Megatron reference point, the selected plan and the
+    ``baseline`` frontier (Megatron + Perseus)."""
     extra = [p for p in (reference, selected) if p is not None]
+    if baseline is not None:
+        extra += list(zip(baseline.times, baseline.energies))
     ts, tu = _unit(list(frontier.times) + [p[0] for p in extra], _TIME_UNITS)
     es, eu = _unit(list(frontier.energies) + [p[1] for p in extra], _ENERGY_UNITS)
     fig = _figure()
@@ -127,6 +132,9 @@ def plot_iteration_frontier(frontier: Frontier, path: str | Path, reference: tup
     if len(frontier):
         ax.plot(frontier.times / ts, frontier.energies / es, "-o", color="tab:blue", ms=4, lw=1.4,
                 label=f"Kareus frontier ({len(frontier)} plans)")
+    if baseline is not None and len(baseline):
+        ax.plot(baseline.times / ts, baseline.energies / es, "--s", color="tab:gray", ms=3, lw=1.2,
+                label=f"{baseline_label} ({len(baseline)} points)")
     if reference is not None:
         ax.plot(reference[0] / ts, reference[1] / es, marker="*", ms=16, color="crimson", ls="none",
                 label=reference_label)

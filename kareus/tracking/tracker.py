@@ -233,11 +233,15 @@ class Tracker:
 
     def log_iteration_frontier(self, frontier: Frontier, reference: tuple[float, float] | None = None,
                                selected: tuple[float, float] | None = None,
-                               hv_reference: tuple[float, float] | None = None) -> None:
-        """The iteration frontier as a table and a plot with the Megatron ``reference`` (time, energy)."""
+                               hv_reference: tuple[float, float] | None = None,
+                               baseline: Frontier | None = None) -> None:
+        """The iteration frontier as a table and a plot with the Megatron ``reference`` (time, energy)
+        and the ``baseline`` frontier (Megatron + Perseus)."""
         if not self.active:
             return
         self._log_frontier(frontier, "frontiers/iteration")
+        if baseline is not None:
+            self._log_frontier(baseline, "frontiers/perseus")
         metrics: dict[str, float] = {"iteration.frontier_points": len(frontier)}
         if len(frontier):
             metrics["iteration.min_time_s"] = float(frontier.times.min())
@@ -253,7 +257,7 @@ class Tracker:
 
             with tempfile.TemporaryDirectory() as tmp:
                 plots.plot_iteration_frontier(frontier, Path(tmp) / "iteration_frontier.png", reference=reference,
-                                              selected=selected, note=self._note())
+                                              selected=selected, note=self._note(), baseline=baseline)
                 retry(self._client.log_artifacts, self.run_id, tmp, "plots")
 
     def log_plan(self, path: str | os.PathLike, artifact_path: str = "plan") -> None:

@@ -1,0 +1,87 @@
+"""Plans against a baseline frontier at equal time: the comparison the energy claims rest on.
+
+For each point of the baseline (Megatron + Perseus: Megatron's layout with a clock per instruction),
+the least-energy plan no slower than it, and the energy that plan saves. Plans faster than every
+baseline point have no counterpart there; their savings are stated against the Megatron reference.
+"""
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from kareus.plan.model import ExecutionPlan
+from kareus.plan.report import even_spread
+
+_TOL = 1e-9
+
+
+@dataclass(frozen=True)
+class EqualTime:
+    """One baseline point and the least-energy plan within its time (None: no plan is that fast)."""
+
+    baseline_time_s: float
+    baseline_energy_j: float
+    plan: ExecutionPlan | None
+
+    @property
+    def energy_saving_pct(self) -> float | None:
+        if self.plan is None or self.baseline_energy_j <= 0:
+            return None
+        return 100.0 * (1.0 - self.plan.predicted_energy_j / self.baseline_energy_j)
+
+
+def equal_time(plans: Sequence[ExecutionPlan], baseline: Sequence[tuple[float, float]]) -> list[EqualTime]:
+    """Every baseline (time, energy) point, fastest first, beside the least-energy plan within its time."""
+    out = []
+    for t, e in sorted(baseline):
+        within = [p for p in plans if p.predicted_time_s <= t * (1 + _TOL)]
+        best = min(within, key=lambda p: (p.predicted_energy_j, p.predicted_time_s)) if within else None
+        out.append(EqualTime(float(t), float(e), best))
+    return out
+
+
+def savings_summary(rows: Sequence[EqualTime]) -> dict[str, float]:
+    """Energy saved at the baseline's fastest point, and the least and most over its frontier."""
+    s = [r.energy_saving_pct for r in rows if r.energy_saving_pct is not None]
+    if not rows or not s:
+        return {}
+    out = {"baseline_points": float(len(rows)), "baseline_min_time_s": rows[0].baseline_time_s,
+           "baseline_min_energy_j": min(r.baseline_energy_j for r in rows),
+           "energy_saving_min_pct": min(s), "energy_saving_max_pct": max(s)}
+    if rows[0].energy_saving_pct is not None:
+        out["energy_saving_at_fastest_pct"] = rows[0].energy_saving_pct
+    return out
+
+
+def write_equal_time_csv(path: str | Path, rows: Sequence[EqualTime]) -> Path:
+    """The baseline frontier with each point's least-energy plan within its time."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["time_s", "energy_j", "plan", "plan_time_s", "plan_energy_j", "energy_saving_pct"])
+        for r in rows:
+            p, s = r.plan, r.energy_saving_pct
+            w.writerow([f"{r.baseline_time_s:.9g}", f"{r.baseline_energy_j:.9g}", "" if p is None else p.index,
+                        "" if p is None else f"{p.predicted_time_s:.9g}",
+                        "" if p is None else f"{p.predicted_energy_j:.9g}", "" if s is None else f"{s:.4f}"])
+    return path
+
+
+def equal_time_table(rows: Sequence[EqualTime], title: str, max_rows: int = 8):
+    """A rich Table: baseline points (both ends and an even spread) beside their least-energy plans."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("baseline time (s)", "baseline energy (J)", "plan", "plan time (s)", "plan energy (J)",
+                "energy saving"):
+        table.add_column(col, justify="left" if col == "plan" else "right")
+    for r in (rows[i] for i in sorted(even_spread(len(rows), max_rows))):
+        p, s = r.plan, r.energy_saving_pct
+        table.add_row(f"{r.baseline_time_s:.4f}", f"{r.baseline_energy_j:.1f}",
+                      "none this fast" if p is None else f"plan {p.index:03d}",
+                      "-" if p is None else f"{p.predicted_time_s:.4f}",
+                      "-" if p is None else f"{p.predicted_energy_j:.1f}", "-" if s is None else f"{s:+.2f}%")
+    return table
