@@ -1,12 +1,12 @@
 """Cooldown policies on the simulated A100: profiling GPU-time against energy bias.
 
 Profiles the same candidate set (a seeded sample of the attention partition's space, in search
-order) with each cooldown policy, each on a fresh simulated GPU with the same seed. For policies that
-take no windows of their own (fixed, none, temperature, predictive) the reading noise is the same
-draw as the reference's and the difference is the heat each leaves behind; the probe and anchor
-windows of compensated and thermal use draws of the same stream, so their ``bias`` and
-``abs_error`` also hold reading noise the others cancel (``abs_error`` then overstates the heat
-error; the "no reading noise" check below isolates it). The
+order) with each cooldown policy, each on a fresh simulated GPU with the same seed. The simulator
+keys each window's reading noise by what it measures and its repeat, so every policy reads each
+candidate with the reference's noise draw, whatever probe or anchor windows it takes in between: the
+difference is the heat each leaves behind, plus, for compensated and thermal, the noise of their
+own probe and anchor readings that enters their heat corrections (the "no reading noise" check
+below leaves that out). The
 reference is fully cooled: every candidate starts within 0.05 C of idle. ``bias`` is the mean
 relative total-energy error against it (signed, a fraction; ``max_abs_bias`` is the worst seed);
 ``gpu_seconds`` is simulated profiling time (``backend.now()``), probes and anchor windows

@@ -51,6 +51,26 @@ def test_deterministic_for_a_seed(part):
     assert readings(7) != readings(8)
 
 
+def test_a_readings_noise_does_not_depend_on_the_windows_before_it(part):
+    """Noise is keyed by what a window measures and its repeat: probes, anchors or other candidates
+    measured in between leave a candidate's reading noise as it was (its heat is another matter)."""
+    x = cand(part, sms=8)
+
+    def read_x(before):
+        gpu = SimulatedGPU(sim_config(counter_period_s=1e-6), 5)  # no counter quantization: it follows the wall time
+        for other in before:
+            gpu.measure(part, other, 2.0)
+        gpu.measure_ops(part.compute[:2], 2.0)  # a probe window
+        gpu.idle(1e6)  # back to the idle temperature
+        first, again = gpu.measure(part, x, 2.0), gpu.measure(part, x, 2.0)
+        return first, again
+
+    alone, crowded = read_x([]), read_x([cand(part, sms=s) for s in (4, 12, 16)])
+    assert crowded[0].time_s == alone[0].time_s  # the same draw
+    assert crowded[0].energy_j == pytest.approx(alone[0].energy_j, rel=1e-6)
+    assert alone[1].time_s != alone[0].time_s  # a repeat draws anew
+
+
 def test_virtual_clock_never_sleeps(part):
     gpu = SimulatedGPU(sim_config())
     t0 = time.perf_counter()

@@ -4,6 +4,11 @@ State is what makes profiling on it realistic: a thermal state (back-to-back win
 read more energy through temperature-dependent static power), an NVML-like energy counter that
 updates every ``counter_period_s`` (short windows are quantized), seeded noise, a board power cap
 that throttles the clock, and a virtual clock (``now``) that windows and cooldowns advance.
+
+Reading noise is drawn per window from a stream of its own, keyed by the seed, what the window
+measures and how many windows measured it before: a reading depends on the GPU's state (its heat)
+but not on which other windows (a policy's probes and anchors, other candidates) drew noise first,
+so two profiling policies over the same candidates compare without reading noise in between.
 """
 from __future__ import annotations
 
@@ -25,12 +30,13 @@ class SimulatedGPU(LockedClock):
         self.cfg = cfg
         self.gpu: GPUSpec = cfg.gpu_spec()
         self.name = f"sim:{cfg.gpu}"
-        self._rng = random.Random(seed)
+        self._seed = seed
+        self._draws: dict[str, int] = {}  # windows taken per noise key
         self._clock = self.gpu.max_mhz
         self._temp = self.idle_temperature()
         self._now = 0.0
         self._power = cfg.idle_power_w  # power since the last state change (the counter integrates it)
-        self._phase = self._rng.uniform(0.0, cfg.counter_period_s)
+        self._phase = random.Random(f"{seed}|phase").uniform(0.0, cfg.counter_period_s)
         self._cache: dict[tuple, Outcome] = {}
 
     # -- clock, temperature, virtual time ----------------------------------------------------------
@@ -98,18 +104,24 @@ class SimulatedGPU(LockedClock):
         if not 0 < candidate.sms < self.gpu.sms:
             raise ValueError(f"comm SMs must be in 1..{self.gpu.sms - 1}, got {candidate.sms}")
         out = self.outcome(partition, candidate.slot, candidate.sms, self._clock)
-        return self._window(out, window_s)
+        return self._window(out, window_s, f"{partition.key}|{candidate.slot}|{candidate.sms}|{self._clock}")
 
     def measure_ops(self, ops: Sequence[Op], window_s: float) -> Reading:
-        return self._window(self.outcome(None, "ops", 0, self._clock, ops), window_s)
+        return self._window(self.outcome(None, "ops", 0, self._clock, ops), window_s, f"ops|{ops!r}|{self._clock}")
 
     def space(self, partition: PartitionType) -> list[Candidate] | None:
         return None
 
 
-    def _window(self, out: Outcome, window_s: float) -> Reading:
+    def _noise(self, key: str) -> random.Random:
+        """The noise stream of the next window measuring ``key`` (see the module docstring)."""
+        n = self._draws.get(key, 0)
+        self._draws[key] = n + 1
+        return random.Random(f"{self._seed}|{key}|{n}")
+
+    def _window(self, out: Outcome, window_s: float, key: str) -> Reading:
         c = self.cfg
-        rng = self._rng
+        rng = self._noise(key)
         period = c.counter_period_s
         if window_s < period:
             self._now += max(window_s, 0.0)
