@@ -27,18 +27,28 @@ def _env() -> dict[str, str]:
 
 
 def _stop_mid_search(cwd: Path, sig: int) -> tuple[subprocess.CompletedProcess, Path]:
-    """Start a run, send ``sig`` once it measures (its journal exists), and wait for it to exit."""
+    """Start a run, send ``sig`` once it measures (its journal holds a measurement), and wait for it to exit."""
     proc = subprocess.Popen([sys.executable, "-m", "kareus", *TINY, "hydra.run.dir=runs/stopped"], cwd=cwd,
                             env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a terminal has it
     run_dir = cwd / "runs" / "stopped"
     deadline = time.monotonic() + 300
-    while not (run_dir / "journal.sqlite").exists() and proc.poll() is None and time.monotonic() < deadline:
+    while not _measured(run_dir) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert proc.poll() is None, "the run ended before it could be stopped"
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=300)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), run_dir
+
+
+def _measured(run_dir: Path) -> bool:
+    """The run's journal holds a measurement (the file exists a moment before its tables do)."""
+    if not (run_dir / "journal.sqlite").exists():
+        return False
+    try:
+        return _rows(run_dir)[0] > 0
+    except sqlite3.OperationalError:  # no table yet, or the database is busy
+        return False
 
 
 def _statuses(cwd: Path) -> dict[str, set[str]]:
