@@ -3,7 +3,8 @@
 The partition hypervolume ratios of search_efficiency.py weigh every part of a partition's frontier
 alike; a user sees the plans. Here, per workload on the simulated A100 (numbers are simulated), every
 partition's whole space is measured once (the same lookup as search_efficiency.py), and the
-residual work and Megatron's reference once through the profiler. Each searcher's measured
+residual work, Megatron's reference and Megatron's layout at every clock of the search space (Perseus'
+space) once through the profiler. Each searcher's measured
 candidates are then composed into the iteration frontier exactly as a run composes them
 (``kareus.pipeline.composing.compose``), beside the composition of every candidate (exhaustive).
 
@@ -62,7 +63,7 @@ def workload_context(model: str, parallel: str, run_dir: Path):
 
 def exhaustive_inputs(ctx, label: str, run_dir: Path):
     """Every partition measured over its whole space, then the residual work and the reference."""
-    from kareus.pipeline.composing import measure_fixed_work
+    from kareus.pipeline.composing import measure_fixed_work, measure_perseus_space
     from kareus.pipeline.searching import make_backend
     from kareus.profiler import Journal, Profiler, ProfilerConfig
     from kareus.profiler.journal import journal_path_for
@@ -77,7 +78,7 @@ def exhaustive_inputs(ctx, label: str, run_dir: Path):
     journal = Journal.open(journal_path_for(run_dir), ctx.config_hash)
     try:
         with Profiler(to_dataclass(ProfilerConfig, ctx.typed["profiler"]), backend, journal) as profiler:
-            fixed = measure_fixed_work(ctx, profiler, results)
+            fixed = measure_perseus_space(ctx, profiler, measure_fixed_work(ctx, profiler, results))
     finally:
         journal.close()
     return truths, results, fixed

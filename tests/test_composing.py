@@ -12,7 +12,7 @@ from kareus.compose import compose_instruction
 from kareus.config.validate import validate
 from kareus.frontier import Frontier
 from kareus.partition import MEGATRON_PREFIX
-from kareus.pipeline.composing import compose, measure_fixed_work
+from kareus.pipeline.composing import compose, measure_fixed_work, measure_perseus_space, perseus_clocks
 from kareus.pipeline.context import build_context
 from kareus.pipeline.searching import make_backend
 from kareus.profiler import Journal, Profiler, ProfilerConfig
@@ -35,8 +35,9 @@ def low_clock_run(tmp_path_factory):
             ms = profiler.evaluator(t)([Candidate(t.key, SEQUENTIAL, sms, low) for sms in (4, 8, 16)])
             results.append(SearchResult(t.key, ms, Frontier([]), Frontier([])))
         fixed = measure_fixed_work(ctx, profiler, results)
+        with_perseus = measure_perseus_space(ctx, profiler, fixed)
     journal.close()
-    return ctx, results, fixed, low
+    return ctx, results, fixed, low, with_perseus
 
 
 def _megatron(option) -> bool:
@@ -44,7 +45,7 @@ def _megatron(option) -> bool:
 
 
 def test_reference_is_megatron_unsplit_layout(low_clock_run):
-    ctx, results, fixed, _ = low_clock_run
+    ctx, results, fixed, *_ = low_clock_run
     assert fixed.megatron_partitions and all(k.startswith(MEGATRON_PREFIX) for k in fixed.megatron_partitions)
     assert all(m.candidate.slot == SEQUENTIAL and m.candidate.sms == ctx.gpu.default_comm_sms
                for ms in fixed.megatron_partitions.values() for m in ms)
@@ -59,7 +60,7 @@ def test_reference_is_megatron_unsplit_layout(low_clock_run):
 
 
 def test_top_clock_schedule_stays_an_option(low_clock_run):
-    ctx, results, fixed, low = low_clock_run
+    ctx, results, fixed, low, _ = low_clock_run
     comp = compose(ctx, results, fixed)
     for opts in comp.options.values():
         assert {o.freq_mhz for o in opts} >= {low, ctx.gpu.max_mhz}
@@ -99,38 +100,29 @@ def test_megatrons_own_layout_is_one_more_option_so_plans_never_trail_it(tmp_pat
     assert parts and all(p.partition.startswith(MEGATRON_PREFIX) and p.count > 0 for p in parts)
 
 
-def test_perseus_space_is_megatrons_layout_at_every_searched_clock(low_clock_run):
-    """plan.compare_perseus (the default): Megatron's layout is measured at each clock the searches
-    measured, composed alone into the Megatron + Perseus frontier, and offered to Kareus too, so
-    Kareus' frontier is never worse than Perseus' at equal time."""
-    ctx, results, fixed, low = low_clock_run
-    assert fixed.perseus
-    assert all({m.candidate.freq_mhz for m in ms} == {low, ctx.gpu.max_mhz} for ms in fixed.megatron_partitions.values())
-    comp = compose(ctx, results, fixed)
+def test_perseus_space_is_megatrons_layout_at_every_clock_of_the_search_space(low_clock_run):
+    """plan.compare_perseus (the default): Megatron's layout is measured at each clock of the search
+    space, whatever the searches measured (here one low clock), composed alone into the Megatron +
+    Perseus frontier, and offered to Kareus too, so Kareus' frontier never trails Perseus'."""
+    ctx, results, fixed, low, fixed_p = low_clock_run
+    assert not fixed.perseus and fixed_p.perseus
+    grid = perseus_clocks(ctx)
+    assert len(grid) > 2 and grid[-1] == ctx.gpu.max_mhz
+    assert all([m.candidate.freq_mhz for m in ms] == [ctx.gpu.max_mhz] for ms in fixed.megatron_partitions.values())
+    assert all(sorted(m.candidate.freq_mhz for m in ms) == grid for ms in fixed_p.megatron_partitions.values())
+    assert all(sorted(r) == grid for r in fixed_p.megatron_residual.values() if r)
+    comp = compose(ctx, results, fixed_p)
+    assert comp.reference == compose(ctx, results, fixed).reference  # measured first, read the same
     assert comp.perseus is not None and len(comp.perseus) >= 2
-    for key, opts in comp.perseus.options.items():
-        assert opts and all(_megatron(o) for o in opts) and {o.freq_mhz for o in opts} >= {low, ctx.gpu.max_mhz}
-        assert all(o in comp.options[key] for o in opts)
-    assert min(comp.perseus.times) == pytest.approx(comp.reference.time_s, rel=1e-9)  # top clock throughout
+    perseus_options = {o for p in comp.perseus.frontier for n, c in zip(comp.dag.nodes, p.payload.choice)
+                       for o in [comp.options[n.key][c]]}
+    assert perseus_options and all(_megatron(o) for o in perseus_options)  # choices index Kareus' options
+    assert len({o.freq_mhz for o in perseus_options}) > 2
+    assert min(comp.perseus.times) <= comp.reference.time_s * (1 + 1e-9)
     assert min(comp.perseus.energies) < comp.reference.energy_j  # slower clocks off the critical path save energy
     for t, e in zip(comp.perseus.times, comp.perseus.energies):
         within = [p.energy_j for p in comp.frontier.frontier if p.time_s <= t * (1 + 1e-9)]
-        assert within and min(within) <= e * (1 + 1e-6), (t, e)
-
-
-def test_without_compare_perseus_megatron_is_measured_at_the_top_clock_alone(tmp_path):
-    cfg = compose_config("+model=tiny", "parallel=pp1_tp2", "profiler/cooldown=none", "plan.compare_perseus=false")
-    ctx = build_context(cfg, validate(cfg), tmp_path)
-    low = ctx.gpu.min_mhz + 50 * ctx.gpu.step_mhz
-    journal = Journal.open(tmp_path / "journal.sqlite", ctx.config_hash)
-    with Profiler(to_dataclass(ProfilerConfig, ctx.typed["profiler"]), make_backend(ctx), journal) as profiler:
-        results = [SearchResult(t.key, profiler.evaluator(t)([Candidate(t.key, SEQUENTIAL, 16, f)
-                                                              for f in (low, ctx.gpu.max_mhz)]),
-                                Frontier([]), Frontier([])) for t in ctx.partitioning.types]
-        fixed = measure_fixed_work(ctx, profiler, results)
-    journal.close()
-    assert not fixed.perseus
-    assert all([m.candidate.freq_mhz for m in ms] == [ctx.gpu.max_mhz] for ms in fixed.megatron_partitions.values())
-    comp = compose(ctx, results, fixed)
-    assert comp.perseus is None
-    assert all([o for o in opts if _megatron(o)] == [comp.reference_options[k]] for k, opts in comp.options.items())
+        assert within and min(within) <= e * (1 + 1e-9), (t, e)
+    assert compose(ctx, results, fixed).perseus is None
+    assert all([o for o in opts if _megatron(o)] == [comp.reference_options[k]]
+               for k, opts in compose(ctx, results, fixed).options.items())

@@ -209,12 +209,15 @@ def test_equal_time_pairs_each_baseline_point_with_the_least_energy_plan_within_
     within = [p for p in plans if p.predicted_time_s <= mid.predicted_time_s]
     assert rows[1].plan == min(within, key=lambda p: p.predicted_energy_j)
     assert rows[2].plan == cheapest and rows[2].energy_saving_pct == pytest.approx(100 * (1 - 1 / 1.5))
-    s = savings_summary(rows)
+    s = savings_summary(plans, rows, reference_time_s=mid.predicted_time_s)
     assert s["baseline_points"] == 3 and s["baseline_min_time_s"] == rows[0].baseline_time_s
-    assert "energy_saving_at_fastest_pct" not in s  # no plan is as fast as the baseline's fastest point
     assert s["energy_saving_max_pct"] == pytest.approx(100 * (1 - 1 / 1.5))
     assert s["energy_saving_min_pct"] == pytest.approx(rows[1].energy_saving_pct)
-    assert savings_summary([]) == {}
+    # at the reference's time: the baseline's least energy within it (not its fastest point's 1e9 J)
+    # against the least-energy plan within it
+    assert s["energy_saving_at_reference_pct"] == pytest.approx(100 * (1 - 1 / 1.25))
+    assert "energy_saving_at_reference_pct" not in savings_summary(plans, rows, fastest.predicted_time_s * 0.5)
+    assert savings_summary(plans, [], 1.0) == {}
     import csv
 
     got = list(csv.DictReader(write_equal_time_csv(tmp_path / "b.csv", rows).open()))

@@ -146,12 +146,18 @@ class IterationFrontier:
     def assignments(self) -> list[Assignment]:
         return [p.payload for p in self.frontier]
 
+    def in_options_of(self, model: CostModel) -> "IterationFrontier":
+        """The same points with their choices indexing ``model``'s options, which must hold every
+        option they use (e.g. this frontier composed a subset of them)."""
+        index = {k: list(v) for k, v in model.options.items()}
+        moved = [model.assess([index[n.key].index(self.options[n.key][c]) for n, c in zip(self.dag.nodes, a.choice)])
+                 for a in self.assignments()]
+        return IterationFrontier.from_assignments(moved, model, self.composer, self.seconds)
+
     def joined(self, other: "IterationFrontier") -> "IterationFrontier":
-        """This frontier with ``other``'s points added, pruned to the Pareto set. Every option
-        ``other`` uses must be one of this frontier's (e.g. a composition of a subset of its options):
-        a composer is a heuristic, and run on more options it may miss a point a run on fewer found."""
-        model, dag = self.model, self.dag
-        extra = [model.assess([list(model.options[n.key]).index(other.options[n.key][c])
-                               for n, c in zip(dag.nodes, a.choice)]) for a in other.assignments()]
-        return IterationFrontier.from_assignments(self.assignments() + extra, model, self.composer,
+        """This frontier with ``other``'s points added (see :meth:`in_options_of`), pruned to the
+        Pareto set: a composer is a heuristic, and run on more options it may miss a point that a run
+        on fewer found."""
+        extra = other.in_options_of(self.model).assignments()
+        return IterationFrontier.from_assignments(self.assignments() + extra, self.model, self.composer,
                                                   self.seconds + other.seconds)

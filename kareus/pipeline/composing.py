@@ -4,11 +4,12 @@ partitions carry the ``megatron:`` prefix runs the instruction in Megatron's own
 microbatch unsplit, no overlap, the comm library's default SMs, at the option's clock.
 
 Megatron's layout at the top clock is the reference point. With ``plan.compare_perseus`` it is
-measured at every searched clock too: composed alone, those options are Perseus' space (one clock
+measured at every clock of the search space too: composed alone, those options are Perseus' space (one clock
 per instruction over Megatron's layout), and its iteration frontier is the baseline every plan is
 compared with at equal time; they are also options of Kareus' own, so no plan trails Perseus."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -41,7 +42,7 @@ class FixedWork:
     may have skipped; as an option it keeps the fastest plan from trailing the plain schedule.
     ``megatron``: Megatron-LM's own layout (unsplit microbatches, no overlap, default SMs), its
     partitions and residual work measured at the top clock (the reference every plan is compared
-    with) and, with ``perseus``, at every searched clock (Perseus' space).
+    with) and, with ``perseus``, at every clock of the search space (Perseus' space).
     """
 
     residual: dict[OptionKey, dict[int, tuple[float, float]]]
@@ -81,22 +82,42 @@ def _at_reference(ctx: RunContext, profiler: Any, partitioning: Partitioning,
 
 
 def measure_fixed_work(ctx: RunContext, profiler: Any, results: Sequence[SearchResult]) -> FixedWork:
-    """Profile the residual work, the anchors and Megatron's layout (see :class:`FixedWork`)."""
+    """Profile the residual work, the anchors and Megatron's layout at the top clock (see
+    :class:`FixedWork`); :func:`measure_perseus_space` adds Megatron's layout at the other clocks."""
     from kareus.partition import megatron_partitioning
 
     assert ctx.partitioning is not None and ctx.workload is not None
     top = int(ctx.gpu.max_mhz)
     clocks = sorted({int(m.candidate.freq_mhz) for r in results for m in r.measurements if not m.failed} | {top})
     megatron = megatron_partitioning(ctx.workload)
-    perseus = bool(ctx.typed["plan"].compare_perseus)
-    megatron_clocks = [top] + ([f for f in clocks if f != top] if perseus else [])  # the reference first
     return FixedWork(
         residual={(w.stage, w.direction): _residual(profiler, w, clocks) for w in ctx.partitioning.work},
         anchors={k: ms[0] for k, ms in _at_reference(ctx, profiler, ctx.partitioning, [top]).items()},
         megatron=megatron,
-        megatron_partitions=_at_reference(ctx, profiler, megatron, megatron_clocks),
-        megatron_residual={(w.stage, w.direction): _residual(profiler, w, megatron_clocks) for w in megatron.work},
-        perseus=perseus)
+        megatron_partitions=_at_reference(ctx, profiler, megatron, [top]),
+        megatron_residual={(w.stage, w.direction): _residual(profiler, w, [top]) for w in megatron.work})
+
+
+def perseus_clocks(ctx: RunContext) -> list[int]:
+    """Perseus' clocks: the search space's clock grid (``search.space.freq_mhz``) and the top clock,
+    whatever clocks a search happened to measure, so the baseline is the same for every searcher."""
+    from kareus.search.space import clocks
+
+    return sorted(set(clocks(ctx.typed["search"].space, ctx.gpu)) | {int(ctx.gpu.max_mhz)})
+
+
+def measure_perseus_space(ctx: RunContext, profiler: Any, fixed: FixedWork) -> FixedWork:
+    """``fixed`` with Megatron's layout measured at every clock of :func:`perseus_clocks` too: its
+    partitions and its residual work. Measured after the top-clock reference, which therefore reads
+    the same with or without it."""
+    others = [f for f in perseus_clocks(ctx) if f != int(ctx.gpu.max_mhz)]
+    extra = _at_reference(ctx, profiler, fixed.megatron, others)
+    return dataclasses.replace(
+        fixed, perseus=True,
+        megatron_partitions={k: ms + extra[k] for k, ms in fixed.megatron_partitions.items()},
+        megatron_residual={(w.stage, w.direction): {**fixed.megatron_residual[(w.stage, w.direction)],
+                                                    **_residual(profiler, w, others)}
+                           for w in fixed.megatron.work})
 
 
 def compose(ctx: RunContext, results: Sequence[SearchResult], fixed: FixedWork) -> Composition:
@@ -136,6 +157,7 @@ def compose(ctx: RunContext, results: Sequence[SearchResult], fixed: FixedWork) 
     ref_point = fixed_option_iteration(dag, ref_options, P, gpus_per_stage, p.pp)
     perseus = None
     if fixed.perseus:
-        perseus = composer.compose(dag, perseus_options, P, gpus_per_stage, p.pp)
-        frontier = frontier.joined(perseus)  # Perseus' plans are Kareus plans too: never trail them
+        # Perseus' plans are Kareus plans too: its points join the frontier, their choices index its options
+        perseus = composer.compose(dag, perseus_options, P, gpus_per_stage, p.pp).in_options_of(frontier.model)
+        frontier = frontier.joined(perseus)
     return Composition(options, ref_options, frontier, dag, ref_point, fixed.residual_measurements, perseus)

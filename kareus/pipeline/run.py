@@ -94,7 +94,7 @@ def _search_and_plan_on(ctx: RunContext, console: Console, compose: bool, backen
 
 def _compose_and_plan(ctx: RunContext, console: Console, backend: Any, results: list, tracker: Any,
                       profiled: int, gpu_seconds: float) -> dict[str, Any]:
-    from kareus.pipeline.composing import compose, measure_fixed_work
+    from kareus.pipeline.composing import compose, measure_fixed_work, measure_perseus_space
     from kareus.plan import PlanSelectionError, frontier_table, make_plans, select_plan, write_run_outputs
     from kareus.profiler import Journal, Profiler, ProfilerConfig
     from kareus.registry import to_dataclass
@@ -105,9 +105,12 @@ def _compose_and_plan(ctx: RunContext, console: Console, backend: Any, results: 
     try:
         with Profiler(to_dataclass(ProfilerConfig, ctx.typed["profiler"]), backend, journal) as profiler:
             fixed = measure_fixed_work(ctx, profiler, results)
+            fixed_gpu_seconds = backend.now() - started
+            if ctx.typed["plan"].compare_perseus:  # the baseline's own profiles, counted apart
+                fixed = measure_perseus_space(ctx, profiler, fixed)
     finally:
         journal.close()
-    fixed_gpu_seconds = backend.now() - started
+    perseus_gpu_seconds = backend.now() - started - fixed_gpu_seconds
     comp = compose(ctx, results, fixed)
     plans = make_plans(comp.frontier, [ctx.partitioning, fixed.megatron], config_hash=ctx.config_hash,
                        hardware=ctx.hardware_label)
@@ -121,7 +124,7 @@ def _compose_and_plan(ctx: RunContext, console: Console, backend: Any, results: 
     console.print(frontier_table(plans, comp.reference, selected,
                                  title=f"Iteration frontier ({label} {ctx.gpu.name}, predicted)"))
     ref_t, ref_e = comp.reference.time_s, comp.reference.energy_j
-    perseus = _against_perseus(ctx, console, comp, plans, label)
+    perseus = _against_perseus(ctx, console, comp, plans, label, perseus_gpu_seconds)
     tracker.log_microbatch_frontiers(_microbatch_frontiers(comp))
     tracker.log_iteration_frontier(comp.frontier.frontier, reference=(ref_t, ref_e),
                                    selected=(selected.predicted_time_s, selected.predicted_energy_j) if selected else None,
@@ -149,23 +152,33 @@ def _compose_and_plan(ctx: RunContext, console: Console, backend: Any, results: 
     return out
 
 
-def _against_perseus(ctx: RunContext, console: Console, comp: Any, plans: list, label: str) -> dict[str, float]:
+def _against_perseus(ctx: RunContext, console: Console, comp: Any, plans: list, label: str,
+                     gpu_seconds: float) -> dict[str, float]:
     """Each point of the Megatron + Perseus frontier beside the least-energy plan within its time:
-    a table, ``frontier_perseus.csv`` and a line; returns the savings summary ({} without it)."""
+    a table, ``frontier_perseus.csv`` and a line; returns the savings summary ({} without it) with
+    the GPU-hours its own profiles took."""
+    from kareus.pipeline.composing import perseus_clocks
     from kareus.plan.baseline import equal_time, equal_time_table, savings_summary, write_equal_time_csv
+    from kareus.tracking.records import gpu_hours_name
 
     if comp.perseus is None or not len(comp.perseus):
         return {}
     rows = equal_time(plans, [(p.time_s, p.energy_j) for p in comp.perseus.frontier])
     write_equal_time_csv(ctx.run_dir / "frontier_perseus.csv", rows)
-    console.print(equal_time_table(rows, "Against Megatron + Perseus (Megatron's layout, a clock per instruction) "
-                                         f"at equal time ({label}, predicted)"))
-    s = savings_summary(rows)
+    n_clocks = len(perseus_clocks(ctx))
+    console.print(equal_time_table(rows, f"Against Megatron + Perseus (Megatron's layout, one of {n_clocks} clocks per "
+                                         f"instruction) at equal time ({label}, predicted)"))
+    s = savings_summary(plans, rows, comp.reference.time_s)
     if s:
-        at = (f"{s['energy_saving_at_fastest_pct']:+.1f}% at its fastest point ({s['baseline_min_time_s']:.4f} s), "
-              if "energy_saving_at_fastest_pct" in s else "")
+        at = (f"{s['energy_saving_at_reference_pct']:+.1f}% at Megatron's time, "
+              if "energy_saving_at_reference_pct" in s else "")
         console.print(f"against Megatron + Perseus at equal time: energy saved {at}{s['energy_saving_min_pct']:+.1f}% "
-                      f"to {s['energy_saving_max_pct']:+.1f}% over its {int(s['baseline_points'])} points ({label})")
+                      f"to {s['energy_saving_max_pct']:+.1f}% over its {int(s['baseline_points'])} points ({label}; "
+                      f"its profiles took {gpu_seconds / 3600:.2f} GPU-hours)")
+        if n_clocks < 2:
+            console.print("note: the search space has one clock (search.space.freq_mhz), so Megatron + Perseus "
+                          "is Megatron's reference alone")
+        s[gpu_hours_name(ctx.simulated)] = gpu_seconds / 3600.0
     return s
 
 

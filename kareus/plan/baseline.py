@@ -42,16 +42,21 @@ def equal_time(plans: Sequence[ExecutionPlan], baseline: Sequence[tuple[float, f
     return out
 
 
-def savings_summary(rows: Sequence[EqualTime]) -> dict[str, float]:
-    """Energy saved at the baseline's fastest point, and the least and most over its frontier."""
+def savings_summary(plans: Sequence[ExecutionPlan], rows: Sequence[EqualTime],
+                    reference_time_s: float) -> dict[str, float]:
+    """The energy saved at the reference's time (Megatron's: the least-energy plan within it against
+    the baseline's least energy within it), and the least and most over the baseline's frontier."""
     s = [r.energy_saving_pct for r in rows if r.energy_saving_pct is not None]
-    if not rows or not s:
+    if not s:
         return {}
     out = {"baseline_points": float(len(rows)), "baseline_min_time_s": rows[0].baseline_time_s,
            "baseline_min_energy_j": min(r.baseline_energy_j for r in rows),
            "energy_saving_min_pct": min(s), "energy_saving_max_pct": max(s)}
-    if rows[0].energy_saving_pct is not None:
-        out["energy_saving_at_fastest_pct"] = rows[0].energy_saving_pct
+    within = [r.baseline_energy_j for r in rows if r.baseline_time_s <= reference_time_s * (1 + _TOL)]
+    if within:
+        [at] = equal_time(plans, [(reference_time_s, min(within))])
+        if at.energy_saving_pct is not None:
+            out["energy_saving_at_reference_pct"] = at.energy_saving_pct
     return out
 
 

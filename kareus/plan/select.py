@@ -23,7 +23,7 @@ class PlanConfig:
     select: SelectRule = SelectRule.max_throughput
     deadline_s: Optional[float] = None  # least energy among plans no slower than this
     energy_budget_j: Optional[float] = None  # fastest among plans using no more than this
-    # measure Megatron's own layout at every searched clock too: the Megatron + Perseus frontier each
+    # measure Megatron's own layout at every clock of the search space too: the Megatron + Perseus frontier each
     # plan is compared with at equal time, and one more option of every instruction (no plan trails
     # it); false: Megatron's layout at the top clock alone (the reference point; fewer profiles)
     compare_perseus: bool = True
