@@ -26,11 +26,17 @@ def _env() -> dict[str, str]:
     return env
 
 
+def _as_a_terminal_has_it() -> None:
+    """Ctrl-C at its default in the child: a shell starts background jobs with SIGINT ignored, a
+    child inherits that (and rightly keeps it), so tests run in the background would see no Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _stop_mid_search(cwd: Path, sig: int) -> tuple[subprocess.CompletedProcess, Path]:
     """Start a run, send ``sig`` once it measures (its journal holds a measurement), and wait for it to exit."""
     proc = subprocess.Popen([sys.executable, "-m", "kareus", *TINY, "hydra.run.dir=runs/stopped"], cwd=cwd,
                             env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a terminal has it
+                            preexec_fn=_as_a_terminal_has_it)
     run_dir = cwd / "runs" / "stopped"
     deadline = time.monotonic() + 300
     while not _measured(run_dir) and proc.poll() is None and time.monotonic() < deadline:
@@ -96,7 +102,7 @@ def test_ctrl_c_to_the_whole_process_group_with_worker_processes_is_one_line(tmp
     which stops them and prints its one line (no traceback from each worker)."""
     proc = subprocess.Popen([sys.executable, "-m", "kareus", *TINY, "launcher=process", "hydra.run.dir=runs/pool"],
                             cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_as_a_terminal_has_it)
     journal = tmp_path / "runs" / "pool" / "journal.sqlite"
     deadline = time.monotonic() + 300
     while not journal.exists() and proc.poll() is None and time.monotonic() < deadline:
