@@ -3,10 +3,11 @@
 Profiles the same candidate set (a seeded sample of the attention partition's space, in search
 order) with each cooldown policy, each on a fresh simulated GPU with the same seed. The simulator
 keys each window's reading noise by what it measures and its repeat, so every policy reads each
-candidate with the reference's noise draw, whatever probe or anchor windows it takes in between: the
-difference is the heat each leaves behind, plus, for compensated and thermal, the noise of their
-own probe and anchor readings that enters their heat corrections (the "no reading noise" check
-below leaves that out). The
+candidate with the reference's noise draw, whatever probe or anchor windows it takes in between
+(bar the few candidates compensated's probe measured first: it profiles the first candidate's
+setting at two clocks): the difference is the heat each leaves behind, plus, for compensated and
+thermal, the noise of their own probe and anchor readings that enters their heat corrections (the
+"no reading noise" check below leaves that out). The
 reference is fully cooled: every candidate starts within 0.05 C of idle. ``bias`` is the mean
 relative total-energy error against it (signed, a fraction; ``max_abs_bias`` is the worst seed);
 ``gpu_seconds`` is simulated profiling time (``backend.now()``), probes and anchor windows

@@ -83,6 +83,12 @@ def test_resume_measures_nothing_twice(mission_run):
     a = json.loads((first / "search_summary.json").read_text())
     b = json.loads((second / "search_summary.json").read_text())
     assert a == b
+    # costs come from the journal: a resume reports what its measurements cost, not zero
+    a, b = (json.loads((d / "summary.json").read_text()) for d in (first, second))
+    assert b["profiling_gpu_seconds"] == pytest.approx(a["profiling_gpu_seconds"])
+    assert b["fixed_work_gpu_seconds"] == pytest.approx(a["fixed_work_gpu_seconds"]) and a["fixed_work_gpu_seconds"] > 0
+    assert b["perseus"]["gpu_hours_simulated"] == pytest.approx(a["perseus"]["gpu_hours_simulated"])
+    assert a["perseus"]["gpu_hours_simulated"] > 0
 
 
 def test_resume_under_another_config_is_refused(mission_run):

@@ -112,7 +112,6 @@ def test_perseus_space_is_megatrons_layout_at_every_clock_of_the_search_space(lo
     assert all(sorted(m.candidate.freq_mhz for m in ms) == grid for ms in fixed_p.megatron_partitions.values())
     assert all(sorted(r) == grid for r in fixed_p.megatron_residual.values() if r)
     comp = compose(ctx, results, fixed_p)
-    assert comp.reference == compose(ctx, results, fixed).reference  # measured first, read the same
     assert comp.perseus is not None and len(comp.perseus) >= 2
     perseus_options = {o for p in comp.perseus.frontier for n, c in zip(comp.dag.nodes, p.payload.choice)
                        for o in [comp.options[n.key][c]]}
@@ -126,3 +125,13 @@ def test_perseus_space_is_megatrons_layout_at_every_clock_of_the_search_space(lo
     assert compose(ctx, results, fixed).perseus is None
     assert all([o for o in opts if _megatron(o)] == [comp.reference_options[k]]
                for k, opts in compose(ctx, results, fixed).options.items())
+
+
+def test_a_reference_that_could_not_be_measured_is_one_error_line(low_clock_run):
+    from kareus.errors import KareusError
+    from kareus.types import Measurement
+
+    ctx, results, fixed, *_ = low_clock_run
+    failed = {k: [Measurement.failure(m.candidate, "injected") for m in ms] for k, ms in fixed.megatron_partitions.items()}
+    with pytest.raises(KareusError, match="Megatron's reference .*start a new run"):
+        compose(ctx, results, dataclasses.replace(fixed, megatron_partitions=failed))

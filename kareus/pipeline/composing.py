@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from kareus.compose import InstructionOption, IterationFrontier, compose_instruction, pipeline_dag
+from kareus.errors import KareusError
 from kareus.pipeline.context import RunContext
 from kareus.registry import COMPOSERS
 from kareus.search.base import SearchResult
@@ -120,6 +121,16 @@ def measure_perseus_space(ctx: RunContext, profiler: Any, fixed: FixedWork) -> F
                            for w in fixed.megatron.work})
 
 
+def _options(work: Any, measurements: Mapping[str, Sequence[Measurement]],
+             residual: Mapping[int, tuple[float, float]], what: str) -> list[InstructionOption]:
+    """``compose_instruction``, its refusal (every reading at every clock failed) as one error line."""
+    try:
+        return compose_instruction(work, measurements, residual)
+    except ValueError as err:
+        raise KareusError(f"{what}: {err}; failed measurements stay in the journal, so a resume fails alike: "
+                          "start a new run") from None
+
+
 def compose(ctx: RunContext, results: Sequence[SearchResult], fixed: FixedWork) -> Composition:
     """Instruction options per (stage, direction), the iteration frontier, Megatron's point and
     (``fixed.perseus``) the Megatron + Perseus frontier."""
@@ -131,7 +142,7 @@ def compose(ctx: RunContext, results: Sequence[SearchResult], fixed: FixedWork) 
         known = measured.setdefault(key, [])
         if not anchor.failed and all(m.candidate != anchor.candidate for m in known):
             known.append(anchor)
-    options = {(w.stage, w.direction): compose_instruction(w, measured, fixed.residual[(w.stage, w.direction)])
+    options = {(w.stage, w.direction): _options(w, measured, fixed.residual[(w.stage, w.direction)], "compose")
                for w in ctx.partitioning.work}
     top = int(ctx.gpu.max_mhz)
     megatron = {k: [m for m in ms if not m.failed] for k, ms in fixed.megatron_partitions.items()}
@@ -140,8 +151,10 @@ def compose(ctx: RunContext, results: Sequence[SearchResult], fixed: FixedWork) 
     for w in fixed.megatron.work:
         key = (w.stage, w.direction)
         residual = fixed.megatron_residual[key]
-        ref_options[key] = compose_instruction(w, at_top, {f: v for f, v in residual.items() if f == top})[0]
-        perseus_options[key] = compose_instruction(w, megatron, residual) if fixed.perseus else [ref_options[key]]
+        ref_options[key] = _options(w, at_top, {f: v for f, v in residual.items() if f == top},
+                                    "Megatron's reference (its layout at the top clock)")[0]
+        perseus_options[key] = (_options(w, megatron, residual, "Megatron + Perseus") if fixed.perseus
+                                else [ref_options[key]])
         if ref_options[key] not in perseus_options[key]:
             perseus_options[key].append(ref_options[key])
         # Megatron's own layout is one more way to run an instruction: where splitting the microbatch

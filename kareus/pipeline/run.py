@@ -101,16 +101,18 @@ def _compose_and_plan(ctx: RunContext, console: Console, backend: Any, results: 
     from kareus.tracking import summary_metrics
 
     journal = Journal.open(ctx.journal_path, ctx.config_hash)
-    started = backend.now()
+    searched = {m.candidate.key for r in results for m in r.measurements}  # their cost is the search's
     try:
         with Profiler(to_dataclass(ProfilerConfig, ctx.typed["profiler"]), backend, journal) as profiler:
             fixed = measure_fixed_work(ctx, profiler, results)
-            fixed_gpu_seconds = backend.now() - started
+            fixed_costs = {k: c for k, c in profiler.costs().items() if k not in searched}
             if ctx.typed["plan"].compare_perseus:  # the baseline's own profiles, counted apart
                 fixed = measure_perseus_space(ctx, profiler, fixed)
+            perseus_costs = {k: c for k, c in profiler.costs().items() if k not in searched and k not in fixed_costs}
     finally:
         journal.close()
-    perseus_gpu_seconds = backend.now() - started - fixed_gpu_seconds
+    # journaled costs included, so a resumed run reports what its measurements cost
+    fixed_gpu_seconds, perseus_gpu_seconds = sum(fixed_costs.values()), sum(perseus_costs.values())
     comp = compose(ctx, results, fixed)
     plans = make_plans(comp.frontier, [ctx.partitioning, fixed.megatron], config_hash=ctx.config_hash,
                        hardware=ctx.hardware_label)

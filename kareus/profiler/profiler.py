@@ -63,6 +63,7 @@ class Profiler:
         self.cooldown = cooldown
         self._known: dict[tuple[str, str, int, int], tuple[Measurement, float]] = journal.load() if journal else {}
         self._spent: dict[str, float] = {}
+        self._costs: dict[tuple, float] = {}
         self._index: dict[str, int] = {}
         self.measured = 0  # candidates actually measured by this instance (not answered from the journal)
         self._anchor_state_loaded = False
@@ -84,6 +85,11 @@ class Profiler:
         """Profiling GPU-time charged to ``partition`` so far (journaled costs included)."""
         return self._spent.get(partition, 0.0)
 
+    def costs(self) -> dict[tuple, float]:
+        """GPU-seconds of each distinct candidate (partition or residual ops) this profiler measured or
+        answered from the journal, keyed by ``Candidate.key``: what a resumed run still accounts for."""
+        return dict(self._costs)
+
     def measure(self, partition: PartitionType, cand: Candidate, annotation: dict[str, Any] | None = None) -> Measurement:
         """The candidate's measurement: from the journal if known, else profiled and journaled now."""
         hit = self._cached(cand)
@@ -97,6 +103,7 @@ class Profiler:
             self._record(m, cost)
             self.measured += 1
         self._spent[cand.partition] = self._spent.get(cand.partition, 0.0) + cost
+        self._costs.setdefault(cand.key, cost)
         index = self._index.get(cand.partition, 0)
         self._index[cand.partition] = index + 1
         ann = annotation or {}
@@ -114,6 +121,7 @@ class Profiler:
         cand = Candidate(f"ops:{digest}", SEQUENTIAL, 0, int(freq_mhz))
         hit = self._cached(cand)
         if hit is not None:
+            self._costs.setdefault(cand.key, hit[1])
             return hit[0]
         start = self.backend.now()
         self.cooldown.cool(self.backend)
@@ -122,7 +130,9 @@ class Profiler:
             m = self._windows(cand, lambda w: self.backend.measure_ops(ops, w), self.cfg.target_window_s)
         except _Crash as e:
             m = Measurement.failure(cand, str(e))
-        self._record(m, self.backend.now() - start)
+        cost = self.backend.now() - start
+        self._record(m, cost)
+        self._costs.setdefault(cand.key, cost)
         return m
 
     def _cached(self, cand: Candidate) -> tuple[Measurement, float] | None:
