@@ -13,8 +13,7 @@ from typing import Sequence
 
 from kareus.plan.model import ExecutionPlan
 from kareus.plan.report import even_spread
-
-_TOL = 1e-9
+from kareus.plan.select import LIMIT_TOL
 
 
 @dataclass(frozen=True)
@@ -36,7 +35,7 @@ def equal_time(plans: Sequence[ExecutionPlan], baseline: Sequence[tuple[float, f
     """Every baseline (time, energy) point, fastest first, beside the least-energy plan within its time."""
     out = []
     for t, e in sorted(baseline):
-        within = [p for p in plans if p.predicted_time_s <= t * (1 + _TOL)]
+        within = [p for p in plans if p.predicted_time_s <= t * (1 + LIMIT_TOL)]
         best = min(within, key=lambda p: (p.predicted_energy_j, p.predicted_time_s)) if within else None
         out.append(EqualTime(float(t), float(e), best))
     return out
@@ -52,7 +51,7 @@ def savings_summary(plans: Sequence[ExecutionPlan], rows: Sequence[EqualTime],
     out = {"baseline_points": float(len(rows)), "baseline_min_time_s": rows[0].baseline_time_s,
            "baseline_min_energy_j": min(r.baseline_energy_j for r in rows),
            "energy_saving_min_pct": min(s), "energy_saving_max_pct": max(s)}
-    within = [r.baseline_energy_j for r in rows if r.baseline_time_s <= reference_time_s * (1 + _TOL)]
+    within = [r.baseline_energy_j for r in rows if r.baseline_time_s <= reference_time_s * (1 + LIMIT_TOL)]
     if within:
         [at] = equal_time(plans, [(reference_time_s, min(within))])
         if at.energy_saving_pct is not None:

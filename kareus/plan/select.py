@@ -8,7 +8,7 @@ from typing import Any, Optional, Sequence
 from kareus.config.store import register_schema
 from kareus.plan.model import ExecutionPlan
 
-_TOL = 1e-9
+LIMIT_TOL = 1e-9  # relative slack on a time or energy limit: a plan at the limit meets it, float noise aside
 
 
 class SelectRule(str, Enum):
@@ -68,7 +68,7 @@ def select_plan(plans: Sequence[ExecutionPlan], cfg: PlanConfig | None = None) -
 def _within(plans: Sequence[ExecutionPlan], limited: str, minimised: str, limit: float, refusal: str,
             unit: str) -> ExecutionPlan:
     """Minimise ``minimised`` among plans whose ``limited`` is within ``limit``; or say how far off it is."""
-    ok = [p for p in plans if getattr(p, limited) <= limit * (1 + _TOL)]
+    ok = [p for p in plans if getattr(p, limited) <= limit * (1 + LIMIT_TOL)]
     if not ok:
         nearest = getattr(min(plans, key=lambda p: getattr(p, limited)), limited)
         gap = nearest - limit
