@@ -96,10 +96,11 @@ def plan_points(frontier, reference_time_s: float) -> dict:
 def perseus_energy_within(comp, time_s: float) -> float | None:
     """Megatron + Perseus' least iteration energy within ``time_s`` (None without its frontier or
     a point that fast)."""
+    from kareus.plan.baseline import least_energy_within
+
     if comp.perseus is None:
         return None
-    within = [p.energy_j for p in comp.perseus.frontier if p.time_s <= time_s * (1 + 1e-9)]
-    return min(within) if within else None
+    return least_energy_within([(p.time_s, p.energy_j) for p in comp.perseus.frontier], time_s)
 
 
 def compare(ours: dict, exh: dict, perseus_energy_j: float | None = None) -> dict:

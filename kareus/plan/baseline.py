@@ -9,7 +9,7 @@ from __future__ import annotations
 import csv
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from kareus.plan.model import ExecutionPlan
 from kareus.plan.report import even_spread
@@ -41,6 +41,12 @@ def equal_time(plans: Sequence[ExecutionPlan], baseline: Sequence[tuple[float, f
     return out
 
 
+def least_energy_within(points: Iterable[tuple[float, float]], time_s: float) -> float | None:
+    """The least energy among (time, energy) points no slower than ``time_s`` (None: none is)."""
+    within = [e for t, e in points if t <= time_s * (1 + LIMIT_TOL)]
+    return min(within) if within else None
+
+
 def savings_summary(plans: Sequence[ExecutionPlan], rows: Sequence[EqualTime],
                     reference_time_s: float) -> dict[str, float]:
     """The energy saved at the reference's time (Megatron's: the least-energy plan within it against
@@ -51,9 +57,9 @@ def savings_summary(plans: Sequence[ExecutionPlan], rows: Sequence[EqualTime],
     out = {"baseline_points": float(len(rows)), "baseline_min_time_s": rows[0].baseline_time_s,
            "baseline_min_energy_j": min(r.baseline_energy_j for r in rows),
            "energy_saving_min_pct": min(s), "energy_saving_max_pct": max(s)}
-    within = [r.baseline_energy_j for r in rows if r.baseline_time_s <= reference_time_s * (1 + LIMIT_TOL)]
-    if within:
-        [at] = equal_time(plans, [(reference_time_s, min(within))])
+    base = least_energy_within([(r.baseline_time_s, r.baseline_energy_j) for r in rows], reference_time_s)
+    if base is not None:
+        [at] = equal_time(plans, [(reference_time_s, base)])
         if at.energy_saving_pct is not None:
             out["energy_saving_at_reference_pct"] = at.energy_saving_pct
     return out
