@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -128,3 +131,20 @@ def test_perseus_comparison_is_optional_and_leaves_the_reference_as_it_was(tmp_p
     assert "Megatron + Perseus" not in runs["false"][1] and "Megatron + Perseus" in runs["true"][1]
     assert on["perseus"]["energy_saving_at_reference_pct"] >= 0 and on["perseus"]["gpu_hours_simulated"] > 0
     assert _journal_rows(runs["true"][0]) > _journal_rows(runs["false"][0])
+
+
+def test_runs_started_together_get_their_own_run_directories(tmp_path):
+    """Two runs launched in the same second (a script starting several configs) must not share a
+    run directory: each keeps its own journal and outputs."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HYDRA_")}
+    args = [sys.executable, "-m", "kareus", "+model=tiny", "parallel=pp2_tp2", "mode=search", "search=random",
+            "search.budget=4", "tracking.enabled=false", "progress=false"]
+    procs = [subprocess.Popen([*args, f"seed={i}"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(2)]
+    for p in procs:
+        _out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-2000:]
+    dirs = sorted(p.parent for p in (tmp_path / "runs").glob("*/*/journal.sqlite"))
+    assert len(dirs) == 2, dirs
+    seeds = {yaml.safe_load((d / ".hydra" / "config.yaml").read_text())["seed"] for d in dirs}
+    assert seeds == {0, 1}
