@@ -310,6 +310,58 @@ def test_nvml_controller_locks_group_and_always_resets(monkeypatch):
                      ("reset", "h3"), "shutdown"]
 
 
+def _denying_nvml(monkeypatch, calls: list) -> None:
+    """pynvml that refuses locks and resets as it does for a user without admin rights."""
+    class NVMLError_NoPermission(Exception):  # pynvml builds one such class per NVML error code
+        pass
+
+    def deny(*args):
+        calls.append(("denied",) + args)
+        raise NVMLError_NoPermission("Insufficient Permissions")
+
+    fake = types.ModuleType("pynvml")
+    fake.nvmlInit = lambda: None
+    fake.nvmlShutdown = lambda: calls.append("shutdown")
+    fake.nvmlDeviceGetHandleByIndex = lambda i: f"h{i}"
+    fake.nvmlDeviceSetGpuLockedClocks = deny
+    fake.nvmlDeviceResetGpuLockedClocks = deny
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+
+
+def test_a_lock_without_admin_rights_stops_the_search_once_and_touches_nothing_else(tmp_path, monkeypatch):
+    from kareus.errors import KareusError
+
+    calls: list = []
+    _denying_nvml(monkeypatch, calls)
+    be = FakeBackend()
+    prof = Profiler(ProfilerConfig(), be, Journal.open(tmp_path / "j.sqlite", "h1"),
+                    frequency=FREQUENCY_CONTROLLERS.build("nvml", be, config={"devices": [0]}))
+    with pytest.raises(KareusError, match=r"profiler.frequency=nvml: locking GPU clocks needs admin rights"):
+        with prof:
+            prof.evaluator(PART)([cand(), cand(sms=8)], None)
+    assert prof.journal.count() == 0 and be.measure_calls == 0  # no candidate recorded as failed
+    # the reset on the way out is attempted (a lock may have half-held) but does not mask the refusal
+    assert calls == [("denied", "h0", 1200, 1200), ("denied", "h0"), "shutdown"]
+
+
+def test_a_controller_that_never_locked_resets_nothing(monkeypatch):
+    calls: list = []
+    _denying_nvml(monkeypatch, calls)
+    with FREQUENCY_CONTROLLERS.build("nvml", None, config={"devices": [0]}):
+        pass
+    assert calls == ["shutdown"]
+
+
+def test_a_clock_the_gpu_lacks_is_refused_before_the_gpu_is_locked(monkeypatch):
+    calls: list = []
+    _fake_nvml(monkeypatch, calls)
+    be = FakeBackend()
+    with FREQUENCY_CONTROLLERS.build("nvml", be, config={"devices": [0]}) as ctl:
+        with pytest.raises(ValueError, match="no locked clock 1207 MHz"):
+            ctl.set(1207)
+        assert ctl.locked is None and not any(c[0] == "lock" for c in calls if isinstance(c, tuple))
+
+
 def _fake_zeus(monkeypatch, calls: list) -> None:
     class GPU:
         def __init__(self, i):

@@ -141,6 +141,47 @@ def _compensated(backend, rank: int, out_dir: str, saved: bool) -> list:
     return out
 
 
+def _lock_refused(backend, rank: int) -> dict:
+    """Rank 1's clock lock fails once (a transient NVML error), then is denied (no admin rights):
+    the first fails the candidate on both ranks, the second stops the search on both."""
+    from kareus.errors import KareusError
+    from kareus.profiler import Profiler, ProfilerConfig
+    from kareus.profiler.frequency import FrequencyController
+    from kareus.types import Candidate
+
+    class Flaky(FrequencyController):
+        def __init__(self) -> None:
+            self.script = ["transient", "ok", "denied"] if rank == 1 else []
+
+        def set(self, mhz: int) -> None:
+            action = self.script.pop(0) if self.script else "ok"
+            if action == "transient":
+                raise RuntimeError("NVMLError_Unknown")
+            if action == "denied":
+                raise KareusError("profiler.frequency=nvml: locking GPU clocks needs admin rights")
+            backend.set_clock(mhz)
+            self.locked = mhz
+
+        def reset(self) -> None:
+            self.locked = None
+
+    backend.energy = _Meter([])
+    cfg = ProfilerConfig(target_window_s=0.02, min_window_s=0.0, settle_s=0, warmup_runs=0, calibration_runs=1,
+                         retries=0, cooldown={"name": "none"}, frequency={"name": "sim"})
+    p = _partition()
+    prof = Profiler(cfg, backend, frequency=Flaky())
+    out: dict = {}
+    for i, slot in enumerate(("linear_0", "linear_1")):
+        m = prof.measure(p, Candidate(p.key, slot, 4 + i, backend.gpu.max_mhz))
+        out[slot] = [m.failed, list(m.flags)[:1]]
+    try:
+        prof.measure(p, Candidate(p.key, "linear_0", 7, backend.gpu.max_mhz))
+        out["stopped"] = ""
+    except KareusError as e:
+        out["stopped"] = str(e)
+    return out
+
+
 def _worker(rank: int, port: int, out_dir: str) -> None:
     import torch.distributed as dist
 
@@ -176,6 +217,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     res["resume"] = _resume(backend, rank, out_dir)
     res["compensated"] = _compensated(backend, rank, out_dir, saved=False)
     res["compensated_saved_on_one"] = _compensated(backend, rank, out_dir, saved=True)
+    res["lock_refused"] = _lock_refused(backend, rank)
     dist.barrier()  # both ranks get here only if neither waits in a collective the other skipped
     res["barrier"] = True
     backend.close()
@@ -255,3 +297,13 @@ def test_a_heat_correction_is_the_groups_so_every_rank_records_the_same_energy(r
 def test_a_thermal_fit_one_ranks_journal_lacks_is_probed_again_by_the_whole_group(ranks):
     r0, r1 = ranks
     assert r0["compensated_saved_on_one"] == r1["compensated_saved_on_one"]
+
+
+def test_a_clock_lock_one_rank_cannot_take_fails_or_stops_the_whole_group(ranks):
+    r0, r1 = ranks
+    assert r0["lock_refused"]["linear_0"][0] and r1["lock_refused"]["linear_0"][0]  # failed on both
+    assert r0["lock_refused"]["linear_0"][1] == ["clock: another rank of the group failed here"]
+    assert r1["lock_refused"]["linear_0"][1] == ["clock: RuntimeError: NVMLError_Unknown"]
+    assert not r0["lock_refused"]["linear_1"][0] and not r1["lock_refused"]["linear_1"][0]  # in step again
+    assert "needs admin rights" in r1["lock_refused"]["stopped"]
+    assert "another rank of the group stopped at its clock step" in r0["lock_refused"]["stopped"]

@@ -3,7 +3,7 @@
 Registered in ``FREQUENCY_CONTROLLERS``; built with ``FREQUENCY_CONTROLLERS.build(name, backend,
 config=section)``. A controller is a context manager: leaving it (normally or by an exception)
 resets the clocks, so a crashed search never leaves a GPU locked at a low clock; while a real
-controller holds a lock, SIGTERM raises SystemExit so that reset runs then too.
+controller holds a lock, SIGTERM and SIGHUP raise SystemExit so that reset runs then too.
 NVML and Zeus are imported lazily: the planner runs without them.
 """
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kareus.errors import KareusError
 from kareus.hardware.base import HardwareBackend
 from kareus.registry import FREQUENCY_CONTROLLERS
 
@@ -62,16 +63,20 @@ class SimFrequencyController(FrequencyController):
         self.locked = None
 
 
-class SigtermGuard:
-    """Turns SIGTERM into SystemExit while clocks are locked, so ``finally``/``with`` resets them.
+class SignalGuard:
+    """Turns SIGTERM and SIGHUP into SystemExit while clocks are locked, so ``finally``/``with`` resets them.
 
-    A scheduler's SIGTERM (job cancelled, preempted) would otherwise kill the process without unwinding,
-    leaving the GPU locked at a low clock for whoever runs next. Python lets only the main thread
-    install handlers; elsewhere this does nothing. The previous handler comes back on ``restore``.
+    A scheduler's SIGTERM (job cancelled, preempted) or a closed terminal's SIGHUP would otherwise kill
+    the process without unwinding, leaving the GPU locked at a low clock for whoever runs next. Python
+    lets only the main thread install handlers; elsewhere this does nothing. The previous handlers come
+    back on ``restore``. What no handler can catch (SIGKILL, an abort in native code) leaves the lock
+    in place: ``nvidia-smi -rgc`` resets it.
     """
 
+    SIGNALS = ("SIGTERM", "SIGHUP")
+
     def __init__(self) -> None:
-        self._previous: Any = None
+        self._previous: dict[int, Any] = {}
         self.installed = False
 
     def install(self) -> None:
@@ -79,8 +84,11 @@ class SigtermGuard:
 
         if self.installed or _not_main_thread():
             return
-        self._previous = signal.getsignal(signal.SIGTERM)
-        signal.signal(signal.SIGTERM, _raise_system_exit)
+        for name in self.SIGNALS:
+            signum = getattr(signal, name, None)
+            if signum is not None:
+                self._previous[signum] = signal.getsignal(signum)
+                signal.signal(signum, _raise_system_exit)
         self.installed = True
 
     def restore(self) -> None:
@@ -88,10 +96,10 @@ class SigtermGuard:
 
         if not self.installed or _not_main_thread():
             return
-        previous = self._previous if self._previous is not None else signal.SIG_DFL  # None: set outside Python
-        signal.signal(signal.SIGTERM, previous)
+        for signum, previous in self._previous.items():  # None: a handler set outside Python
+            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
         self.installed = False
-        self._previous = None
+        self._previous = {}
 
 
 def _not_main_thread() -> bool:
@@ -111,6 +119,89 @@ def _release(backend: HardwareBackend | None) -> None:
         release()
 
 
+# what a clock lock refused with means: this process may not lock clocks on this GPU at all
+_DENIED = {"NVMLError_NoPermission": "locking GPU clocks needs admin rights",
+           "ZeusGPUNoPermissionError": "locking GPU clocks needs admin rights (or the zeusd daemon)",
+           "NVMLError_NotSupported": "this GPU does not support locked clocks",
+           "ZeusGPUNotSupportedError": "this GPU does not support locked clocks"}
+
+
+class DeviceLockController(FrequencyController):
+    """What the controllers of real GPUs share: lock every device they hold, after checking the
+    clock against the GPU's range; reset only after they locked something; SIGTERM and SIGHUP unwind
+    while a lock is held. A refusal that every candidate would meet alike (no admin rights, no
+    locked-clock support) stops the search with one line instead of failing candidate after candidate."""
+
+    locks_gpu = True
+    name = ""
+    backend: HardwareBackend | None = None
+    _touched = False  # a lock was attempted since the last reset: something may need resetting
+
+    def __init__(self, devices: list[Any], backend: HardwareBackend | None) -> None:
+        self.backend = backend
+        self._devices = devices
+        self._guard = SignalGuard()
+
+    def _lock_device(self, device: Any, mhz: int) -> None:
+        raise NotImplementedError
+
+    def _unlock_device(self, device: Any) -> None:
+        raise NotImplementedError
+
+    def set(self, mhz: int) -> None:
+        if self.locked == mhz:
+            return
+        gpu = getattr(self.backend, "gpu", None)
+        if gpu is not None and not gpu.supports_clock(int(mhz)):  # before the hardware is touched
+            raise ValueError(f"{gpu.name} has no locked clock {mhz} MHz "
+                             f"({gpu.min_mhz}..{gpu.max_mhz} in {gpu.step_mhz} MHz steps)")
+        self._guard.install()
+        self._touched = True
+        for device in self._devices:
+            try:
+                self._lock_device(device, int(mhz))
+            except Exception as e:
+                why = next((w for cls in type(e).__mro__ if (w := _DENIED.get(cls.__name__))), None)
+                if why is None:
+                    raise
+                raise KareusError(f"profiler.frequency={self.name}: {why} ({type(e).__name__}: {e}); run "
+                                  f"as a user who may lock clocks, or profiler/frequency=sim on a "
+                                  f"simulated GPU") from None
+        self.locked = int(mhz)
+        if self.backend is not None:
+            self.backend.set_clock(int(mhz))  # bookkeeping only: the backend records the locked clock
+
+    def reset(self) -> None:
+        errors = []
+        if self._touched:
+            for device in self._devices:  # reset every GPU even if one fails
+                try:
+                    self._unlock_device(device)
+                except Exception as e:  # pragma: no cover - needs a GPU
+                    errors.append(e)
+        self._touched = False
+        self.locked = None
+        _release(self.backend)
+        self._guard.restore()
+        if errors:
+            raise errors[0]
+
+    def __exit__(self, *exc: Any) -> None:
+        """Reset and close; a reset that fails while another error unwinds is logged, not raised over it."""
+        if exc[0] is None:
+            return super().__exit__(*exc)
+        try:
+            super().__exit__(*exc)
+        except Exception as e:  # pragma: no cover - needs a GPU whose reset fails
+            import logging
+
+            logging.getLogger(__name__).error("could not reset the locked GPU clocks (%s: %s); reset them "
+                                              "with `nvidia-smi -rgc`", type(e).__name__, e)
+
+    def close(self) -> None:
+        self._guard.restore()
+
+
 @dataclass
 class NVMLFrequencyConfig:
     name: str = "nvml"
@@ -118,7 +209,7 @@ class NVMLFrequencyConfig:
 
 
 @FREQUENCY_CONTROLLERS.register("nvml", NVMLFrequencyConfig)
-class NVMLFrequencyController(FrequencyController):
+class NVMLFrequencyController(DeviceLockController):
     """Locks GPUs with ``nvmlDeviceSetGpuLockedClocks`` (needs admin rights).
 
     Without ``devices`` it locks only this process's GPU (the current CUDA device, matched to NVML by
@@ -126,7 +217,7 @@ class NVMLFrequencyController(FrequencyController):
     not its neighbours'.
     """
 
-    locks_gpu = True
+    name = "nvml"
 
     def __init__(self, cfg: NVMLFrequencyConfig, backend: HardwareBackend | None = None) -> None:
         import pynvml  # provided by nvidia-ml-py
@@ -134,41 +225,23 @@ class NVMLFrequencyController(FrequencyController):
         from kareus.runtime.telemetry import nvml_handle, own_cuda_index
 
         self.cfg = cfg
-        self.backend = backend
         self._nvml = pynvml
         pynvml.nvmlInit()
         self._open = True
-        self._guard = SigtermGuard()
         if cfg.devices:
-            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(int(i)) for i in cfg.devices]
+            handles = [pynvml.nvmlDeviceGetHandleByIndex(int(i)) for i in cfg.devices]
         else:
-            self._handles = [nvml_handle(pynvml, own_cuda_index())]
+            handles = [nvml_handle(pynvml, own_cuda_index())]
+        super().__init__(handles, backend)
 
-    def set(self, mhz: int) -> None:
-        if self.locked == mhz:
-            return
-        self._guard.install()
-        for h in self._handles:
-            self._nvml.nvmlDeviceSetGpuLockedClocks(h, int(mhz), int(mhz))
-        self.locked = int(mhz)
-        if self.backend is not None:
-            self.backend.set_clock(int(mhz))  # bookkeeping only: the backend records the locked clock
+    def _lock_device(self, device: Any, mhz: int) -> None:
+        self._nvml.nvmlDeviceSetGpuLockedClocks(device, mhz, mhz)
 
-    def reset(self) -> None:
-        errors = []
-        for h in self._handles:  # reset every GPU even if one fails
-            try:
-                self._nvml.nvmlDeviceResetGpuLockedClocks(h)
-            except Exception as e:  # pragma: no cover - needs a GPU
-                errors.append(e)
-        self.locked = None
-        _release(self.backend)
-        self._guard.restore()
-        if errors:
-            raise errors[0]
+    def _unlock_device(self, device: Any) -> None:
+        self._nvml.nvmlDeviceResetGpuLockedClocks(device)
 
     def close(self) -> None:
-        self._guard.restore()
+        super().close()
         if self._open:
             self._open = False
             self._nvml.nvmlShutdown()
@@ -181,13 +254,13 @@ class ZeusFrequencyConfig:
 
 
 @FREQUENCY_CONTROLLERS.register("zeus", ZeusFrequencyConfig)
-class ZeusFrequencyController(FrequencyController):
+class ZeusFrequencyController(DeviceLockController):
     """Locks clocks through Zeus's device layer (which also works through the ``zeusd`` daemon).
 
     Without ``devices`` it locks only this process's GPU (see :class:`NVMLFrequencyController`).
     """
 
-    locks_gpu = True
+    name = "zeus"
 
     def __init__(self, cfg: ZeusFrequencyConfig, backend: HardwareBackend | None = None) -> None:
         from zeus.device import get_gpus
@@ -195,10 +268,8 @@ class ZeusFrequencyController(FrequencyController):
         from kareus.runtime.telemetry import own_cuda_index, zeus_index
 
         self.cfg = cfg
-        self.backend = backend
         self._gpus = get_gpus()
-        self._guard = SigtermGuard()
-        self._indices = list(cfg.devices) if cfg.devices else [zeus_index(self._gpus, own_cuda_index())]
+        super().__init__(list(cfg.devices) if cfg.devices else [zeus_index(self._gpus, own_cuda_index())], backend)
 
     def _call(self, method: str, index: int, *args: int) -> None:
         gpus = self._gpus
@@ -207,28 +278,8 @@ class ZeusFrequencyController(FrequencyController):
         else:  # older collection API: gpus.set_gpu_locked_clocks(i, lo, hi)
             getattr(gpus, method)(index, *args)
 
-    def set(self, mhz: int) -> None:
-        if self.locked == mhz:
-            return
-        self._guard.install()
-        for i in self._indices:
-            self._call("set_gpu_locked_clocks", i, int(mhz), int(mhz))
-        self.locked = int(mhz)
-        if self.backend is not None:
-            self.backend.set_clock(int(mhz))
+    def _lock_device(self, device: Any, mhz: int) -> None:
+        self._call("set_gpu_locked_clocks", device, mhz, mhz)
 
-    def reset(self) -> None:
-        errors = []
-        for i in self._indices:
-            try:
-                self._call("reset_gpu_locked_clocks", i)
-            except Exception as e:  # pragma: no cover - needs a GPU
-                errors.append(e)
-        self.locked = None
-        _release(self.backend)
-        self._guard.restore()
-        if errors:
-            raise errors[0]
-
-    def close(self) -> None:
-        self._guard.restore()
+    def _unlock_device(self, device: Any) -> None:
+        self._call("reset_gpu_locked_clocks", device)

@@ -22,7 +22,7 @@ from kareus.errors import KareusError
 from kareus.events import CandidateMeasured
 from kareus.hardware.base import HardwareBackend
 from kareus.profiler.config import ProfilerConfig, section
-from kareus.profiler.cooldown import group_all, group_mean
+from kareus.profiler.cooldown import group_all, group_max, group_mean
 from kareus.profiler.journal import Journal
 from kareus.profiler.stats import mad_outliers, median
 from kareus.registry import COOLDOWNS, FREQUENCY_CONTROLLERS
@@ -147,22 +147,41 @@ class Profiler:
 
     def close(self) -> None:
         """Give the clocks back (the frequency controller resets them)."""
-        self.frequency.__exit__(None, None, None)
+        self.__exit__(None, None, None)
 
     def __enter__(self) -> "Profiler":
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.close()
+        self.frequency.__exit__(*exc)  # it knows whether an error is already on its way out
 
     # -- the protocol ----------------------------------------------------------------------------
-    def _lock(self, mhz: int) -> None:
+    def _together(self, step: Callable[[], Any], what: str) -> Any:
+        """``step()`` on this rank, its outcome agreed with the group's ranks before any goes on.
+
+        A step that failed on one rank alone (a clock lock refused, a kernel that ran out of memory)
+        would leave that rank recording a failure while its peers issue the candidate's collectives:
+        the group would hang or abort. So the worst outcome holds on every rank: a configuration error
+        (``KareusError``) stops the search everywhere, a crash fails the candidate everywhere.
+        """
+        out, err, level = None, None, 0
         try:
-            self.frequency.set(int(mhz))
-        except KareusError:
-            raise
+            out = step()
+        except KareusError as e:
+            err, level = e, 2
         except Exception as e:
-            raise _Crash(f"clock: {type(e).__name__}: {e}") from e
+            err, level = e, 1
+        worst = group_max(self.backend, float(level))
+        if worst >= 2:
+            raise err if isinstance(err, KareusError) else KareusError(
+                f"profiler: another rank of the group stopped at its {what} step (its log says why)")
+        if worst >= 1:
+            why = f"{type(err).__name__}: {err}" if err is not None else "another rank of the group failed here"
+            raise _Crash(f"{what}: {why}") from err
+        return out
+
+    def _lock(self, mhz: int) -> None:
+        self._together(lambda: self.frequency.set(int(mhz)), "clock")
         if self.cfg.settle_s > 0:
             self.backend.idle(self.cfg.settle_s)
 
@@ -171,14 +190,13 @@ class Profiler:
         self.cooldown.cool(backend)
         try:
             self._lock(cand.freq_mhz)
-            try:
+
+            def calibrate() -> list[float]:
                 for _ in range(cfg.warmup_runs):
                     backend.run_once(partition, cand)
-                times = [float(backend.run_once(partition, cand)) for _ in range(cfg.calibration_runs)]
-            except KareusError:
-                raise
-            except Exception as e:
-                raise _Crash(f"crash: {type(e).__name__}: {e}") from e
+                return [float(backend.run_once(partition, cand)) for _ in range(cfg.calibration_runs)]
+
+            times = self._together(calibrate, "crash")
             per = median(times)
             if not math.isfinite(per) or per <= 0:
                 return Measurement.failure(cand, f"calibration: execution time {per!r}")
