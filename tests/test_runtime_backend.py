@@ -379,6 +379,22 @@ def test_a_dist_comm_without_a_process_group_is_refused_when_the_backend_starts(
         CudaBackend(CudaConfig(device="cpu", comm="nccl"))
 
 
+def test_nccl_cta_limits_in_the_environment_are_refused(monkeypatch):
+    """NCCL lets NCCL_MIN/MAX_CTAS (and the channel bounds) override each communicator's config, so
+    with one exported every SM count of the search would run the same kernel."""
+    from kareus.runtime.comm import NCCL_CTA_ENV, CommSetupError, NCCLBackend, NCCLConfig
+
+    for key in NCCL_CTA_ENV:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("NCCL_MIN_CTAS", "32")
+    with pytest.raises(CommSetupError, match=r"NCCL_MIN_CTAS=32 in the environment overrides the comm SMs"):
+        NCCLBackend(NCCLConfig()).check_ready("cuda")
+    monkeypatch.delenv("NCCL_MIN_CTAS")
+    with pytest.raises(CommSetupError) as err:  # without the knob: refused only for what this build lacks
+        NCCLBackend(NCCLConfig()).check_ready("cpu")
+    assert "environment" not in str(err.value)
+
+
 def test_close_destroys_the_comm_groups_the_backend_created(monkeypatch):
     import torch.distributed as dist
 
@@ -413,3 +429,34 @@ def test_config_validation_asks_for_a_controller_that_locks_a_real_gpu():
     assert validate_clock_control(CudaConfig(), nvml) == []
     assert validate_clock_control(CudaConfig(), ProfilerConfig(frequency={"name": "zeus"})) == []
     assert validate_clock_control(CudaConfig(device="cpu"), sim) == []  # a CPU check has no clock to lock
+
+
+def test_config_validation_keeps_worker_processes_off_a_real_gpu():
+    from kareus.config.validate import ValidationContext
+    from kareus.launch.launchers import ProcessLauncherConfig
+
+    def ctx(real: bool) -> ValidationContext:
+        return ValidationContext(gpu=None, parallel=None, model=None, mode="run", real_gpu=real)
+
+    [line] = ProcessLauncherConfig().problems(ctx(True))
+    assert line.startswith("launcher: process runs partition searches in worker processes") and "launcher=local" in line
+    assert ProcessLauncherConfig().problems(ctx(False)) == []
+
+
+def test_zeus_that_cannot_open_the_gpu_leaves_readings_failed_with_its_reason(monkeypatch):
+    import sys
+    import types
+
+    from kareus.runtime.telemetry import EnergyUnavailable, energy_meter
+
+    def get_gpus():  # Zeus parses CUDA_VISIBLE_DEVICES entries as integers
+        raise ValueError("invalid literal for int() with base 10: 'GPU-5f2a'")
+
+    device, monitor = types.ModuleType("zeus.device"), types.ModuleType("zeus.monitor")
+    device.get_gpus, monitor.ZeusMonitor = get_gpus, object
+    for name, mod in (("zeus", types.ModuleType("zeus")), ("zeus.device", device), ("zeus.monitor", monitor)):
+        monkeypatch.setitem(sys.modules, name, mod)
+    meter = energy_meter("zeus", None, 0)
+    meter.begin()
+    with pytest.raises(EnergyUnavailable, match=r"Zeus could not open cuda:0 \(ValueError: invalid literal"):
+        meter.end()

@@ -38,6 +38,7 @@ class ValidationContext:
     parallel: Any
     model: Any
     mode: str
+    real_gpu: bool = False  # the hardware backend measures a physical GPU (one per process)
 
 
 def _first_line(exc: Exception) -> str:
@@ -186,7 +187,8 @@ def validate(cfg: Any) -> dict[str, Any]:
     problems += validate_model_parallel(model, cfg.parallel, gpu.gpus_per_node if gpu else 8)
     if "hardware" in typed and "profiler" in typed:
         problems += validate_clock_control(typed["hardware"], typed["profiler"])
-    ctx = ValidationContext(gpu=gpu, parallel=cfg.parallel, model=model, mode=mode)
+    real = "hardware" in typed and bool(getattr(typed["hardware"], "real_clock", lambda: False)())
+    ctx = ValidationContext(gpu=gpu, parallel=cfg.parallel, model=model, mode=mode, real_gpu=real)
     for key, sec in typed.items():
         rules = getattr(sec, "problems", None)
         if rules is None:

@@ -61,6 +61,11 @@ class ProcessLauncherConfig:
         out = out_of_bounds(self, nonnegative=("workers",))
         if self.start_method not in ("spawn", "forkserver", "fork"):
             out.append(f"start_method: invalid value {self.start_method!r}; allowed: spawn, forkserver, fork")
+        if getattr(ctx, "real_gpu", False):
+            # a worker would open this rank's GPU (its clock, its energy counter) and process group
+            # beside the run's own backend and the other workers
+            out.append("launcher: process runs partition searches in worker processes that would share this "
+                       "rank's GPU and process group; with a real GPU use launcher=local")
         return out
 
 

@@ -269,6 +269,10 @@ class NCCLConfig:
     check_group_size: bool = True  # the world must be the comm op's group (False: a one-rank plumbing check)
 
 
+# NCCL's environment knobs that bound a communicator's CTAs (channels), over its config
+NCCL_CTA_ENV = ("NCCL_MIN_CTAS", "NCCL_MAX_CTAS", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS")
+
+
 def nccl_options(sms: int, cfg: NCCLConfig) -> Any:
     """ProcessGroupNCCL options whose communicator uses exactly ``sms`` CTAs (one SM each).
 
@@ -308,6 +312,12 @@ class NCCLBackend(_DistBackend):
     def check_ready(self, device: Any) -> None:
         import torch.distributed as dist
 
+        overriding = [f"{k}={os.environ[k]}" for k in NCCL_CTA_ENV if k in os.environ and
+                      not (self._env_sms is not None and os.environ[k] == str(self._env_sms))]
+        if overriding:  # NCCL lets them override every communicator's config: each SM count would run alike
+            raise CommSetupError(f"hardware.comm=nccl: {', '.join(overriding)} in the environment overrides the "
+                                 f"comm SMs set per communicator, so every SM count would run the same kernel; "
+                                 f"unset it for profiling")
         if not dist.is_available() or not dist.is_nccl_available():
             raise CommSetupError("hardware.comm=nccl needs a torch build with NCCL (a CUDA build); "
                                  "use hardware.comm=gloo with hardware.device=cpu to check the logic")

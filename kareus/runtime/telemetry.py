@@ -218,7 +218,13 @@ def energy_meter(kind: str, device: NVMLDevice | None, cuda_index: int) -> Any:
     if kind == "none":
         return NoEnergy("energy metering is off (hardware.energy=none)")
     if kind == "zeus":
-        return ZeusEnergy(cuda_index)
+        try:
+            return ZeusEnergy(cuda_index)
+        except ImportError:
+            raise
+        except Exception as e:  # e.g. Zeus reads CUDA_VISIBLE_DEVICES as integers: UUIDs and MIG fail
+            return NoEnergy(f"Zeus could not open cuda:{cuda_index} ({type(e).__name__}: {e}); "
+                            f"try hardware.energy=nvml")
     if kind == "nvml":
         if device is None:
             return NoEnergy("no NVML device: energy needs an NVIDIA GPU and nvidia-ml-py")
