@@ -183,6 +183,8 @@ def _lock_refused(backend, rank: int) -> dict:
 
 
 def _worker(rank: int, port: int, out_dir: str) -> None:
+    from dataclasses import replace
+
     import torch.distributed as dist
 
     from kareus.runtime import CudaBackend, CudaConfig
@@ -202,6 +204,9 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         res["mismatch"] = ""
     except CommSetupError as e:
         res["mismatch"] = str(e)
+    p2 = _partition()
+    p4 = replace(p2, key="fwd_tp4", comm=op4)  # tensor and context parallel: comm groups of 4 and 2
+    res["unmeasurable"] = backend.partition_problems([p2, p4])
     loose = GlooBackend(GlooConfig(check_group_size=False)).prepare(op4, 8, torch.device("cpu"))
     loose().wait()
     res["loose"] = sorted(set(loose.output.tolist()))
@@ -252,6 +257,9 @@ def test_a_world_that_is_not_the_ops_group_is_a_configuration_error(ranks):
         assert "all_reduce over 4 GPUs but torch.distributed has 2 ranks" in r["mismatch"]
         assert "--nproc-per-node=4" in r["mismatch"]
         assert r["loose"] == [0.0]  # check_group_size=False: the one-rank plumbing check's opt-out
+        # found before any candidate: only the partition whose group is not the world
+        [line] = r["unmeasurable"]
+        assert line.startswith("partition fwd_tp4: comm op 'ar4' is a all_reduce over 4 GPUs but torch.distributed has 2")
 
 
 def test_a_bad_read_on_one_rank_is_retried_by_the_whole_group(ranks):

@@ -28,6 +28,10 @@ def space_sizes(ctx: RunContext, backend: Any, partitions: Sequence[PartitionTyp
     problems = slot_problems(partitions, space_cfg)
     if problems:
         raise KareusError(problems[0])
+    unmeasurable = getattr(backend, "partition_problems", lambda ps: [])(partitions)  # a real GPU's process group
+    if unmeasurable:
+        more = f" (and {len(unmeasurable) - 1} more partitions alike)" if len(unmeasurable) > 1 else ""
+        raise KareusError(f"hardware: {unmeasurable[0]}{more}")
     fixed = {p.key: backend.space(p) for p in partitions}
     missing = [k for k, space in fixed.items() if space is not None and not space]
     if missing:  # a recorded table that lacks this workload's partitions: nothing to search or compose

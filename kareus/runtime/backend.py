@@ -311,6 +311,24 @@ class CudaBackend(LockedClock):
     def space(self, partition: PartitionType) -> list[Candidate] | None:
         return None
 
+    def partition_problems(self, partitions: Sequence[PartitionType]) -> list[str]:
+        """Partitions whose comm op this run's process group cannot measure, found before the first
+        candidate: the comm backend sizes collectives by the world, so a layout whose partitions
+        communicate over groups of different sizes (tensor and context parallel) would stop at the
+        first partition of the other group, after the GPU-time spent on the others."""
+        check = getattr(self.comm, "check_world", None)
+        if not getattr(self.comm, "needs_process_group", False) or check is None:
+            return []
+        from kareus.runtime.comm import CommSetupError
+
+        world, out = self.comm.world_size(), []
+        for p in partitions:
+            try:
+                check(p.comm, world)
+            except CommSetupError as e:
+                out.append(f"partition {p.key}: {e}")
+        return out
+
 
     def _timed(self, run: Callable[[], None], n: int) -> float:
         """Seconds per execution of ``n`` back-to-back executions (CUDA events, or wall clock on CPU)."""
