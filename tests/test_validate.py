@@ -178,7 +178,8 @@ def test_nanobatch_partitioner_needs_two_nanobatches():
     """The nanobatch partitioner refuses other counts at run time; validate() must say so first."""
     assert compose_config(*BASE).partitioner.name == "nanobatch"
     got = problems("parallel.nanobatches=4")
-    assert [p for p in got if p.startswith("partitioner") and "nanobatches" in p and "4" in p], got
+    # named by the key it is about, not prefixed with the section whose rule it is
+    assert "parallel.nanobatches: the nanobatch partitioner needs 2, got 4" in got, got
 
 
 # ------------------------------------------------------------------------- registry-chosen sections
@@ -230,7 +231,29 @@ SEARCH_RULES = [
     ("search.coverage_share=-1", "search.coverage_share: must be in [0, 1], got -1.0"),
     ("search.min_per_slot=-3", "search.min_per_slot: must be >= 0, got -3"),
     ("search.surrogate.clip_margin=-0.5", "search.surrogate.clip_margin: must be >= 0, got -0.5"),
+    ("search.surrogate.learning_rate=-1", "search.surrogate.learning_rate: must be > 0, got -1.0"),
+    ("search.surrogate.subsample=0", "search.surrogate.subsample: must be in (0, 1], got 0.0"),
+    ("search.surrogate.min_child_weight=-1", "search.surrogate.min_child_weight: must be >= 0, got -1.0"),
 ]
+
+PEER_RULES = [
+    (("search=artifact", "search.members=0"), "search.members: must be >= 2 (the spread is the uncertainty), got 0"),
+    (("search=nsga2", "search.population=1"), "search.population: must be >= 2 (parents to cross), got 1"),
+    (("search=tpe", "search.max_asks_factor=0"), "search.max_asks_factor: must be >= 1, got 0"),
+]
+
+
+@pytest.mark.parametrize("overrides,line", PEER_RULES, ids=[o[0] for o, _ in PEER_RULES])
+def test_peer_searcher_rule(overrides, line):
+    assert problems(*overrides) == [line]
+
+
+@pytest.mark.parametrize("field,bad,bound", [("static_power_w", -5, ">= 0"), ("tdp_w", 0, "> 0"),
+                                             ("hbm_gbps", 0, "> 0"), ("nvlink_gbps", -1, "> 0"),
+                                             ("peak_tflops", 0, "> 0")])
+def test_impossible_datasheet_values_are_refused(field, bad, bound):
+    got = problems(f"hardware.{field}={bad}")
+    assert _hardware_lines(got, f"hardware.{field}: must be {bound}, got {float(bad)}"), got
 
 
 @pytest.mark.parametrize("override,line", SEARCH_RULES, ids=[o for o, _ in SEARCH_RULES])
@@ -427,3 +450,4 @@ def test_user_model_with_missing_keys_is_reported_not_raised(tmp_path):
     got = info.value.problems
     for key in ("ffn_hidden_size", "num_attention_heads", "num_kv_heads", "head_dim", "vocab_size"):
         assert [p for p in got if p.startswith(f"model.{key}")], got
+

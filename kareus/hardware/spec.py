@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kareus.config.bounds import out_of_bounds
 from kareus.hardware.base import GPUSpec
 
 
@@ -48,6 +49,9 @@ class GPUConfig:
         if not 0 < self.default_comm_sms <= self.max_comm_sms:
             problems.append(f"hardware.default_comm_sms: must be in 1..max_comm_sms={self.max_comm_sms}, "
                             f"got {self.default_comm_sms}")
+        problems += out_of_bounds(self, "hardware.", nonnegative=("static_power_w", "idle_power_w"),
+                                  positive=("tdp_w", "memory_gb", "hbm_gbps", "nvlink_gbps", "network_gbps",
+                                            "peak_tflops", "gpus_per_node"))
         if problems:
             raise ValueError("\n".join(problems))  # every problem, one per line
         return GPUSpec(

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from kareus.config.bounds import out_of_bounds
 from kareus.search.space import SpaceConfig
 
 
@@ -205,6 +206,12 @@ def config_problems(cfg: SearcherConfig) -> list[str]:
         if sum(shares.values()) > 1 or min(shares.values()) < 0:
             out.append(f"search.shares_total/shares_dynamic/shares_fastest: must be >= 0 and sum to <= 1, "
                        f"got {sum(shares.values())}")
+        if cfg.members < 2:
+            out.append(f"search.members: must be >= 2 (the spread is the uncertainty), got {cfg.members}")
+    if isinstance(cfg, OptunaConfig):
+        out += out_of_bounds(cfg, "search.", at_least_one=("max_asks_factor",))
+    if isinstance(cfg, NSGA2Config) and cfg.population is not None and cfg.population < 2:
+        out.append(f"search.population: must be >= 2 (parents to cross), got {cfg.population}")
     return out
 
 
@@ -237,6 +244,9 @@ def _mbo_problems(cfg: MBOConfig) -> list[str]:
             out.append(f"search.surrogate.{key}: must be > 0, got {getattr(s, key)}")
     if s.clip_margin < 0:
         out.append(f"search.surrogate.clip_margin: must be >= 0, got {s.clip_margin}")
+    out += out_of_bounds(s, "search.surrogate.", positive=("learning_rate",), nonnegative=("min_child_weight",))
+    if not 0 < s.subsample <= 1:
+        out.append(f"search.surrogate.subsample: must be in (0, 1], got {s.subsample}")
     for key, chosen in (("expected", cfg.expected), ("per_clock", cfg.per_clock)):
         bad = [p.value for p in chosen if p.value not in HVI_PASSES]
         if bad:
