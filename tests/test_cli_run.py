@@ -73,6 +73,22 @@ def test_mission_command_writes_frontiers_plans_and_record(mission_run):
     assert (cwd / "runs" / "mlflow.db").is_file()
 
 
+def test_profiling_costs_read_the_same_in_the_terminal_the_summary_and_mlflow(mission_run):
+    cwd, res = mission_run
+    out = json.loads((cwd / "runs" / "first" / "run" / "summary.json").read_text())
+    assert out["simulated"] is True and out["hardware"] == "sim:A100-SXM4-40GB"
+    with sqlite3.connect(cwd / "runs" / "mlflow.db") as con:
+        m = dict(con.execute("SELECT m.key, m.value FROM metrics m JOIN tags t ON t.run_uuid = m.run_uuid "
+                             "WHERE t.key = 'kareus.kind' AND t.value = 'invocation'").fetchall())
+    search_h, fixed_h = out["profiling_gpu_seconds"] / 3600, out["fixed_work_gpu_seconds"] / 3600
+    assert m["profiling_gpu_hours_simulated"] == pytest.approx(search_h)
+    assert m["fixed_work_gpu_hours_simulated"] == pytest.approx(fixed_h)
+    assert f"profiling cost: {search_h:.2f} simulated GPU-hours" in res.stdout
+    assert f"fixed work (Megatron's reference, residual ops): {fixed_h:.2f} simulated GPU-hours" in res.stdout
+    assert f"Megatron + Perseus' own profiles: {out['perseus']['gpu_hours_simulated']:.2f} simulated GPU-hours" \
+        in res.stdout
+
+
 def test_resume_measures_nothing_twice(mission_run):
     cwd, _ = mission_run
     first = cwd / "runs" / "first" / "run"

@@ -61,7 +61,8 @@ def _search_and_plan_on(ctx: RunContext, console: Console, compose: bool, backen
     sizes = space_sizes(ctx, backend, partitions)
     tracker = Tracker(ctx.typed["tracking"])
     hctx = hydra_context()
-    summary: dict[str, Any] = {"mode": "run" if compose else "search", "run_dir": str(ctx.run_dir)}
+    summary: dict[str, Any] = {"mode": "run" if compose else "search", "run_dir": str(ctx.run_dir),
+                               "hardware": ctx.hardware_label, "simulated": ctx.simulated}  # so are its numbers
     with tracker:
         tracker.start(OmegaConf.to_container(ctx.cfg, resolve=True, enum_to_str=True),
                       choices=hctx.get("choices"), overrides=hctx.get("overrides", ()), hardware=ctx.hardware_label,
@@ -99,6 +100,7 @@ def _compose_and_plan(ctx: RunContext, console: Console, backend: Any, results: 
     from kareus.profiler import Journal, Profiler, ProfilerConfig
     from kareus.registry import to_dataclass
     from kareus.tracking import summary_metrics
+    from kareus.tracking.records import gpu_hours_name
 
     journal = Journal.open(ctx.journal_path, ctx.config_hash)
     searched = {m.candidate.key for r in results for m in r.measurements}  # their cost is the search's
@@ -113,6 +115,9 @@ def _compose_and_plan(ctx: RunContext, console: Console, backend: Any, results: 
         journal.close()
     # journaled costs included, so a resumed run reports what its measurements cost
     fixed_gpu_seconds, perseus_gpu_seconds = sum(fixed_costs.values()), sum(perseus_costs.values())
+    console.print(f"fixed work (Megatron's reference, residual ops): {fixed_gpu_seconds / 3600:.2f} "
+                  f"{_hours_label(ctx)}GPU-hours")
+    tracker.log_summary({gpu_hours_name(ctx.simulated, "fixed_work_"): fixed_gpu_seconds / 3600.0})
     comp = compose(ctx, results, fixed)
     plans = make_plans(comp.frontier, [ctx.partitioning, fixed.megatron], config_hash=ctx.config_hash,
                        hardware=ctx.hardware_label)
@@ -139,7 +144,7 @@ def _compose_and_plan(ctx: RunContext, console: Console, backend: Any, results: 
     if selected is not None:
         tracker.log_plan(outputs["plan_selected"])
         metrics = summary_metrics(selected.predicted_time_s, selected.predicted_energy_j, ref_t, ref_e, profiled,
-                                  gpu_seconds + fixed_gpu_seconds, simulated=ctx.simulated)
+                                  gpu_seconds, simulated=ctx.simulated)  # the searches', as printed
         tracker.log_summary(metrics)
         out["selected"] = {"time_s": selected.predicted_time_s, "energy_j": selected.predicted_energy_j,
                            "time_saving_pct": 100 * (1 - selected.predicted_time_s / ref_t),
@@ -175,8 +180,8 @@ def _against_perseus(ctx: RunContext, console: Console, comp: Any, plans: list, 
         at = (f"{s['energy_saving_at_reference_pct']:+.1f}% at Megatron's time, "
               if "energy_saving_at_reference_pct" in s else "")
         console.print(f"against Megatron + Perseus at equal time: energy saved {at}{s['energy_saving_min_pct']:+.1f}% "
-                      f"to {s['energy_saving_max_pct']:+.1f}% over its {int(s['baseline_points'])} points ({label}; "
-                      f"its profiles took {gpu_seconds / 3600:.2f} GPU-hours)")
+                      f"to {s['energy_saving_max_pct']:+.1f}% over its {int(s['baseline_points'])} points ({label})")
+        console.print(f"Megatron + Perseus' own profiles: {gpu_seconds / 3600:.2f} {_hours_label(ctx)}GPU-hours")
         if n_clocks < 2:
             console.print("note: the search space has one clock (search.space.freq_mhz), so Megatron + Perseus "
                           "is Megatron's reference alone")
@@ -203,7 +208,7 @@ def _microbatch_frontiers(comp: Any) -> dict[str, Any]:
 def _print_search_summary(console: Console, summary: dict[str, Any], gpu_seconds: float, ctx: RunContext) -> None:
     from rich.table import Table
 
-    label = {"sim": "simulated ", "replay": "replayed "}.get(ctx.hardware_name, "")
+    label = _hours_label(ctx)
     table = Table(title=f"Partition searches ({ctx.cfg.search.name}, {label}{ctx.gpu.name})")
     for col in ("partition", "space", "profiled", "failed", "frontier points"):
         table.add_column(col, justify="right" if col != "partition" else "left")
@@ -211,3 +216,8 @@ def _print_search_summary(console: Console, summary: dict[str, Any], gpu_seconds
         table.add_row(key, str(s["space"]), str(s["profiled"]), str(s["failed"]), str(s.get("frontier_points", "")))
     console.print(table)
     console.print(f"profiling cost: {gpu_seconds / 3600:.2f} {label}GPU-hours")
+
+
+def _hours_label(ctx: RunContext) -> str:
+    """What kind of GPU-hours a run's costs are: ``simulated ``, ``replayed `` or (real GPUs) none."""
+    return {"sim": "simulated ", "replay": "replayed "}.get(ctx.hardware_name, "")
