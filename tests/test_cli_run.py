@@ -164,3 +164,18 @@ def test_runs_started_together_get_their_own_run_directories(tmp_path):
     assert len(dirs) == 2, dirs
     seeds = {yaml.safe_load((d / ".hydra" / "config.yaml").read_text())["seed"] for d in dirs}
     assert seeds == {0, 1}
+
+
+def test_a_replayed_tables_search_is_not_recorded_under_a_parallel_layout(tmp_path):
+    """Its partitions are the table's own; the default ``parallel`` plays no part and must not label it."""
+    table = tmp_path / "t.csv"
+    table.write_text("partition,slot,sms,freq_mhz,time_s,energy_j,repeat\n"
+                     "p,sequential,4,1410,0.004,1.0,0\np,norm_0,4,1410,0.003,0.9,0\np,norm_0,8,1200,0.0031,0.8,0\n")
+    res = kareus(tmp_path, "mode=search", "hardware=replay", f"hardware.table={table}", "search=exhaustive",
+                 "progress=false", timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    with sqlite3.connect(tmp_path / "runs" / "mlflow.db") as con:
+        (run_id, name), = con.execute("SELECT r.run_uuid, r.name FROM runs r JOIN tags t ON t.run_uuid = r.run_uuid "
+                                      "WHERE t.key = 'kareus.kind' AND t.value = 'invocation'").fetchall()
+        tags = dict(con.execute("SELECT key, value FROM tags WHERE run_uuid = ?", (run_id,)).fetchall())
+    assert "pp2_tp8" not in name and "choice.parallel" not in tags and tags["choice.search"] == "exhaustive"

@@ -88,6 +88,7 @@ def test_partition_listener_logs_candidates_batches_frontier_and_plots(store, cl
     child = client.get_run(listener.run_id)
     assert child.data.tags["mlflow.parentRunId"] == tracker_run_parent(client, listener.run_id)
     assert child.data.tags["partition"] == "fwd_attn" and child.info.status == "FINISHED"
+    assert child.data.tags["simulated"] == "true"  # each partition run says so too, not only its parent
     assert client.get_run(child.data.tags["mlflow.parentRunId"]).data.tags["simulated"] == "true"
     assert child.data.params["budget"] == "12" and child.data.params["slot_labels"] == "sequential,norm_0,attn_0"
 

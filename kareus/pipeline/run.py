@@ -55,12 +55,15 @@ def _search_and_plan_on(ctx: RunContext, console: Console, compose: bool, backen
     from kareus.launch.launchers import WorkerLost
     from kareus.profiler.journal import JournalMismatchError
     from kareus.search.output import write_search_outputs
-    from kareus.tracking import Tracker, hydra_context, make_progress
+    from kareus.tracking import Tracker, default_run_name, hydra_context, make_progress
 
     partitions = partition_types(ctx, backend)
     sizes = space_sizes(ctx, backend, partitions)
     tracker = Tracker(ctx.typed["tracking"])
     hctx = hydra_context()
+    if ctx.model is None and hctx:  # a replayed table's own partitions: no layout plays a part in them
+        hctx["choices"] = {k: v for k, v in hctx["choices"].items() if k != "parallel"}
+        hctx["run_name"] = default_run_name(hctx["choices"], hctx["overrides"])
     summary: dict[str, Any] = {"mode": "run" if compose else "search", "run_dir": str(ctx.run_dir),
                                "hardware": ctx.hardware_label, "simulated": ctx.simulated}  # so are its numbers
     with tracker:

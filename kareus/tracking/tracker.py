@@ -212,7 +212,9 @@ class Tracker:
             run_name=f"partition {partition_key}", slot_labels=tuple(slot_labels),
             candidates=self.config.candidates, plots=self.config.plots, telemetry=self.config.telemetry,
             note=self._note(), flush_interval_s=self.config.flush_interval_s,
-            tags=(("hardware", self.hardware),) if self.hardware else (), simulated=self.simulated)
+            tags=(*((("hardware", self.hardware),) if self.hardware else ()),
+                  *((("simulated", str(bool(self.simulated)).lower()),) if self.simulated is not None else ())),
+            simulated=self.simulated)
 
     # ---- results --------------------------------------------------------------------------
     def log_microbatch_frontiers(self, frontiers: Mapping[str, Frontier],
