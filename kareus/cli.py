@@ -170,7 +170,10 @@ def app(cfg: DictConfig) -> Any:
     from kareus.pipeline import run_mode
 
     try:
-        return run_mode(cfg, typed, run_dir)
+        out = run_mode(cfg, typed, run_dir)
+        if str(getattr(cfg.mode, "value", cfg.mode)) == "describe":
+            _remove_job_dir(run_dir)  # it measured and wrote nothing: no empty run folder left behind
+        return out
     except KareusError as err:
         job = _sweep_job()
         if job is None:

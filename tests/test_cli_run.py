@@ -41,6 +41,7 @@ def mission_run(tmp_path_factory):
 def test_mission_command_writes_frontiers_plans_and_record(mission_run):
     cwd, res = mission_run
     run = cwd / "runs" / "first" / "run"
+    assert (run / "kareus.log").is_file()  # hydra.job.name=kareus, not the module's name
     summary = json.loads((run / "search_summary.json").read_text())
     assert set(summary) >= {"fwd_attn", "fwd_mlp", "bwd_attn", "bwd_mlp"}
     for key, s in summary.items():
