@@ -340,8 +340,24 @@ def test_a_lock_without_admin_rights_stops_the_search_once_and_touches_nothing_e
         with prof:
             prof.evaluator(PART)([cand(), cand(sms=8)], None)
     assert prof.journal.count() == 0 and be.measure_calls == 0  # no candidate recorded as failed
-    # the reset on the way out is attempted (a lock may have half-held) but does not mask the refusal
-    assert calls == [("denied", "h0", 1200, 1200), ("denied", "h0"), "shutdown"]
+    assert calls == [("denied", "h0", 1200, 1200), "shutdown"]  # nothing was locked: nothing to reset
+
+
+def test_a_lock_that_held_on_some_gpus_resets_those(monkeypatch):
+    calls: list = []
+    _fake_nvml(monkeypatch, calls)
+    fake = sys.modules["pynvml"]
+
+    def lock(h, lo, hi):
+        if h == "nvml1":
+            raise RuntimeError("NVMLError_Unknown")
+        calls.append(("lock", h, lo))
+
+    fake.nvmlDeviceSetGpuLockedClocks = lock
+    with pytest.raises(RuntimeError):
+        with FREQUENCY_CONTROLLERS.build("nvml", None, config={"devices": [0, 1]}) as ctl:
+            ctl.set(1005)
+    assert [c for c in calls if isinstance(c, tuple)] == [("lock", "nvml0", 1005), ("reset", "nvml0")]
 
 
 def test_a_controller_that_never_locked_resets_nothing(monkeypatch):
@@ -499,6 +515,23 @@ def test_controller_turns_sigterm_into_exit_while_locked_and_restores_the_handle
         assert signal.getsignal(signal.SIGTERM) is mine and ("reset", "nvml0") in calls
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_signal_the_process_ignores_stays_ignored_while_locked(monkeypatch):
+    """``nohup`` ignores SIGHUP so that a run survives its terminal; locking clocks must not undo that."""
+    import signal
+
+    _fake_nvml(monkeypatch, [])
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with FREQUENCY_CONTROLLERS.build("nvml", None, config={"devices": [0]}) as ctl:
+            ctl.set(1005)
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            with pytest.raises(SystemExit):  # SIGTERM still unwinds
+                signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, previous)
 
 
 SIGTERM_SCRIPT = """

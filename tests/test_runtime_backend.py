@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 
@@ -393,6 +394,32 @@ def test_nccl_cta_limits_in_the_environment_are_refused(monkeypatch):
     with pytest.raises(CommSetupError) as err:  # without the knob: refused only for what this build lacks
         NCCLBackend(NCCLConfig()).check_ready("cpu")
     assert "environment" not in str(err.value)
+
+
+def test_the_cta_fallback_is_one_sm_count_per_process_and_not_taken_for_the_users(monkeypatch):
+    """A torch build without per-communicator NCCL config: the first backend writes NCCL_MIN/MAX_CTAS
+    (NCCL reads them once per process); the next backend of the process (the next partition's search)
+    must neither blame the user for them nor ask for another SM count."""
+    import torch.distributed as dist
+
+    from kareus.runtime import comm
+    from kareus.runtime.comm import CommSetupError, NCCLBackend, NCCLConfig
+
+    for key in comm.NCCL_CTA_ENV:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr(comm, "_NCCL_ENV_WRITTEN", {})
+    monkeypatch.setattr(comm, "nccl_options", lambda sms, cfg: None)
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+    monkeypatch.setattr(dist, "new_group", lambda **kw: object())
+    NCCLBackend(NCCLConfig()).group(8)
+    assert os.environ["NCCL_MAX_CTAS"] == os.environ["NCCL_MIN_CTAS"] == "8"
+    second = NCCLBackend(NCCLConfig())
+    with pytest.raises(CommSetupError) as err:
+        second.check_ready("cpu")
+    assert "environment" not in str(err.value)  # refused for the device alone
+    second.group(8)
+    with pytest.raises(CommSetupError, match=r"only one SM count \(8\) can be used, not 4"):
+        second.group(4)
 
 
 def test_close_destroys_the_comm_groups_the_backend_created(monkeypatch):

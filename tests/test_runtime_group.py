@@ -182,6 +182,38 @@ def _lock_refused(backend, rank: int) -> dict:
     return out
 
 
+def _anchor_lock_refused(backend, rank: int) -> dict:
+    """A thermal anchor at the reference clock whose lock fails on rank 1 alone (a transient NVML
+    error): the anchor is skipped on both ranks, and the candidate is measured by both."""
+    from kareus.profiler import Profiler, ProfilerConfig
+    from kareus.profiler.cooldown import ThermalCooldown, ThermalCooldownConfig
+    from kareus.profiler.frequency import FrequencyController
+    from kareus.types import Candidate
+
+    ref, low = backend.gpu.max_mhz, backend.gpu.clocks()[len(backend.gpu.clocks()) // 2]
+
+    class Flaky(FrequencyController):
+        failed = False
+
+        def set(self, mhz: int) -> None:
+            if rank == 1 and mhz == ref and not self.failed:
+                self.failed = True
+                raise RuntimeError("NVMLError_Unknown")
+            backend.set_clock(mhz)
+            self.locked = mhz
+
+        def reset(self) -> None:
+            self.locked = None
+
+    backend.energy = _Meter([])
+    cfg = ProfilerConfig(target_window_s=0.02, min_window_s=0.0, settle_s=0, warmup_runs=0, calibration_runs=1,
+                         retries=1, cooldown={"name": "none"}, frequency={"name": "sim"})
+    prof = Profiler(cfg, backend, frequency=Flaky(), cooldown=ThermalCooldown(ThermalCooldownConfig(anchor_window_s=0.01)))
+    p = _partition()
+    m = prof.measure(p, Candidate(p.key, "linear_0", 8, low))
+    return {"failed": m.failed, "anchors": len(prof.cooldown.anchors), "at_candidates_clock": backend.clock() == low}
+
+
 def _worker(rank: int, port: int, out_dir: str) -> None:
     from dataclasses import replace
 
@@ -223,6 +255,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     res["compensated"] = _compensated(backend, rank, out_dir, saved=False)
     res["compensated_saved_on_one"] = _compensated(backend, rank, out_dir, saved=True)
     res["lock_refused"] = _lock_refused(backend, rank)
+    res["anchor_lock_refused"] = _anchor_lock_refused(backend, rank)
     dist.barrier()  # both ranks get here only if neither waits in a collective the other skipped
     res["barrier"] = True
     backend.close()
@@ -315,3 +348,9 @@ def test_a_clock_lock_one_rank_cannot_take_fails_or_stops_the_whole_group(ranks)
     assert not r0["lock_refused"]["linear_1"][0] and not r1["lock_refused"]["linear_1"][0]  # in step again
     assert "needs admin rights" in r1["lock_refused"]["stopped"]
     assert "another rank of the group stopped at its clock step" in r0["lock_refused"]["stopped"]
+
+
+def test_an_anchor_lock_one_rank_cannot_take_is_skipped_by_the_whole_group(ranks):
+    a, b = ranks[0]["anchor_lock_refused"], ranks[1]["anchor_lock_refused"]
+    assert a == b and not a["failed"]  # the same anchors on both ranks, and the candidate measured
+    assert a["at_candidates_clock"]  # locked back to the candidate's clock on both

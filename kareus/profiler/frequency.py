@@ -69,7 +69,8 @@ class SignalGuard:
     A scheduler's SIGTERM (job cancelled, preempted) or a closed terminal's SIGHUP would otherwise kill
     the process without unwinding, leaving the GPU locked at a low clock for whoever runs next. Python
     lets only the main thread install handlers; elsewhere this does nothing. The previous handlers come
-    back on ``restore``. What no handler can catch (SIGKILL, an abort in native code) leaves the lock
+    back on ``restore``; a signal the process ignores (``nohup`` ignores SIGHUP) stays ignored. What no
+    handler can catch (SIGKILL, an abort in native code) leaves the lock
     in place: ``nvidia-smi -rgc`` resets it.
     """
 
@@ -86,9 +87,10 @@ class SignalGuard:
             return
         for name in self.SIGNALS:
             signum = getattr(signal, name, None)
-            if signum is not None:
-                self._previous[signum] = signal.getsignal(signum)
-                signal.signal(signum, _raise_system_exit)
+            if signum is None or signal.getsignal(signum) is signal.SIG_IGN:
+                continue  # ignored on purpose (nohup ignores SIGHUP): the run is meant to survive it
+            self._previous[signum] = signal.getsignal(signum)
+            signal.signal(signum, _raise_system_exit)
         self.installed = True
 
     def restore(self) -> None:
@@ -128,18 +130,18 @@ _DENIED = {"NVMLError_NoPermission": "locking GPU clocks needs admin rights",
 
 class DeviceLockController(FrequencyController):
     """What the controllers of real GPUs share: lock every device they hold, after checking the
-    clock against the GPU's range; reset only after they locked something; SIGTERM and SIGHUP unwind
+    clock against the GPU's range; reset the devices they locked, and only those; SIGTERM and SIGHUP unwind
     while a lock is held. A refusal that every candidate would meet alike (no admin rights, no
     locked-clock support) stops the search with one line instead of failing candidate after candidate."""
 
     locks_gpu = True
     name = ""
     backend: HardwareBackend | None = None
-    _touched = False  # a lock was attempted since the last reset: something may need resetting
 
     def __init__(self, devices: list[Any], backend: HardwareBackend | None) -> None:
         self.backend = backend
         self._devices = devices
+        self._held: list[int] = []  # positions in ``_devices`` this controller locked: what reset gives back
         self._guard = SignalGuard()
 
     def _lock_device(self, device: Any, mhz: int) -> None:
@@ -156,10 +158,11 @@ class DeviceLockController(FrequencyController):
             raise ValueError(f"{gpu.name} has no locked clock {mhz} MHz "
                              f"({gpu.min_mhz}..{gpu.max_mhz} in {gpu.step_mhz} MHz steps)")
         self._guard.install()
-        self._touched = True
-        for device in self._devices:
+        for i, device in enumerate(self._devices):
             try:
                 self._lock_device(device, int(mhz))
+                if i not in self._held:
+                    self._held.append(i)
             except Exception as e:
                 why = next((w for cls in type(e).__mro__ if (w := _DENIED.get(cls.__name__))), None)
                 if why is None:
@@ -173,13 +176,12 @@ class DeviceLockController(FrequencyController):
 
     def reset(self) -> None:
         errors = []
-        if self._touched:
-            for device in self._devices:  # reset every GPU even if one fails
-                try:
-                    self._unlock_device(device)
-                except Exception as e:  # pragma: no cover - needs a GPU
-                    errors.append(e)
-        self._touched = False
+        for i in self._held:  # every GPU it locked, even if one fails
+            try:
+                self._unlock_device(self._devices[i])
+            except Exception as e:  # pragma: no cover - needs a GPU
+                errors.append(e)
+        self._held = []
         self.locked = None
         _release(self.backend)
         self._guard.restore()

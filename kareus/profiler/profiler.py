@@ -159,10 +159,12 @@ class Profiler:
     def _together(self, step: Callable[[], Any], what: str) -> Any:
         """``step()`` on this rank, its outcome agreed with the group's ranks before any goes on.
 
-        A step that failed on one rank alone (a clock lock refused, a kernel that ran out of memory)
-        would leave that rank recording a failure while its peers issue the candidate's collectives:
-        the group would hang or abort. So the worst outcome holds on every rank: a configuration error
-        (``KareusError``) stops the search everywhere, a crash fails the candidate everywhere.
+        A step that failed on one rank alone (a clock lock refused, an error the backend raises before
+        its first collective) would leave that rank recording a failure while its peers issue the
+        candidate's collectives: the group would hang or abort. So the worst outcome holds on every
+        rank: a configuration error (``KareusError``) stops the search everywhere, a crash fails the
+        candidate everywhere. A rank that fails while its peers wait inside a collective of the step
+        cannot be rescued here: the comm library's timeout ends the group, and a resume continues.
         """
         out, err, level = None, None, 0
         try:
@@ -221,7 +223,7 @@ class Profiler:
             return
 
         def read_at(mhz: int, window_s: float) -> Reading:
-            self.frequency.set(int(mhz))
+            self._together(lambda: self.frequency.set(int(mhz)), "clock")
             return self.backend.measure(partition, replace(cand, freq_mhz=int(mhz)), window_s)
 
         try:
@@ -248,14 +250,14 @@ class Profiler:
                 self.cooldown.load_state(json.loads(saved))
 
         def read_ops_at(mhz: int, ops: Sequence[Op], window_s: float) -> Reading:
-            self.frequency.set(int(mhz))
+            self._together(lambda: self.frequency.set(int(mhz)), "clock")  # a lock one rank missed skips it on all
             return self.backend.measure_ops(ops, window_s)
 
         taken = 0
         try:
             taken = hook(self.backend, read_ops_at, int(cand.freq_mhz))
-        finally:
-            if taken or self.backend.clock() != int(cand.freq_mhz):
+        finally:  # locked again on every rank or on none (the lock is a group step)
+            if not group_all(self.backend, not taken and self.backend.clock() == int(cand.freq_mhz)):
                 self._lock(cand.freq_mhz)
         if taken and self.journal is not None:
             self.journal.set_meta(key, json.dumps(self.cooldown.state()))

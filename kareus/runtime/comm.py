@@ -271,6 +271,7 @@ class NCCLConfig:
 
 # NCCL's environment knobs that bound a communicator's CTAs (channels), over its config
 NCCL_CTA_ENV = ("NCCL_MIN_CTAS", "NCCL_MAX_CTAS", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS")
+_NCCL_ENV_WRITTEN: dict[str, str] = {}  # what this process wrote of them (the fallback below), not the user
 
 
 def nccl_options(sms: int, cfg: NCCLConfig) -> Any:
@@ -307,13 +308,12 @@ class NCCLBackend(_DistBackend):
         super().__init__(cfg.dtype, cfg.check_group_size)
         self.cfg = cfg
         self._groups: dict[int, Any] = {}
-        self._env_sms: int | None = None
 
     def check_ready(self, device: Any) -> None:
         import torch.distributed as dist
 
-        overriding = [f"{k}={os.environ[k]}" for k in NCCL_CTA_ENV if k in os.environ and
-                      not (self._env_sms is not None and os.environ[k] == str(self._env_sms))]
+        overriding = [f"{k}={os.environ[k]}" for k in NCCL_CTA_ENV
+                      if k in os.environ and os.environ[k] != _NCCL_ENV_WRITTEN.get(k)]
         if overriding:  # NCCL lets them override every communicator's config: each SM count would run alike
             raise CommSetupError(f"hardware.comm=nccl: {', '.join(overriding)} in the environment overrides the "
                                  f"comm SMs set per communicator, so every SM count would run the same kernel; "
@@ -346,14 +346,15 @@ class NCCLBackend(_DistBackend):
         return self._groups[sms]
 
     def _env_fallback(self, sms: int) -> None:
-        if self._env_sms is not None and self._env_sms != sms:
+        """NCCL_MAX_CTAS (and MIN) for a torch build without per-communicator config: NCCL reads them
+        once per process, so every backend of the process shares the one SM count written first."""
+        taken = _NCCL_ENV_WRITTEN.get("NCCL_MAX_CTAS")
+        if taken is not None and taken != str(sms):
             raise CommSetupError(f"this torch build has no per-communicator NCCL config; NCCL_MIN/MAX_CTAS are "
-                                 f"read once per process, so only one SM count ({self._env_sms}) can be used, "
-                                 f"not {sms}")
-        os.environ["NCCL_MAX_CTAS"] = str(sms)
-        if self.cfg.exact_ctas:
-            os.environ["NCCL_MIN_CTAS"] = str(sms)
-        self._env_sms = sms
+                                 f"read once per process, so only one SM count ({taken}) can be used, not {sms}")
+        keys = ("NCCL_MAX_CTAS", "NCCL_MIN_CTAS") if self.cfg.exact_ctas else ("NCCL_MAX_CTAS",)
+        for key in keys:
+            os.environ[key] = _NCCL_ENV_WRITTEN[key] = str(sms)
 
 
 @dataclass
