@@ -55,12 +55,31 @@ def _partition():
                          (Slot("linear_0", (0,), "gemm"), Slot("linear_1", (1,), "gemm")))
 
 
-def _profiler(backend, journal=None, emit=None):
+def _profiler(backend, journal=None, emit=None, retries: int = 2, **parts):
+    """A fast profiler over ``backend``; ``parts``: a ``frequency`` controller or ``cooldown`` policy."""
     from kareus.profiler import Profiler, ProfilerConfig
 
     cfg = ProfilerConfig(target_window_s=0.02, min_window_s=0.0, settle_s=0, warmup_runs=0, calibration_runs=1,
-                         retries=2, cooldown={"name": "none"}, frequency={"name": "sim"})
-    return Profiler(cfg, backend, journal, emit)
+                         retries=retries, cooldown={"name": "none"}, frequency={"name": "sim"})
+    return Profiler(cfg, backend, journal, emit, **parts)
+
+
+def _scripted_lock(backend, fails):
+    """A frequency controller whose lock raises ``fails(mhz)`` where that is an exception, else locks."""
+    from kareus.profiler.frequency import FrequencyController
+
+    class Scripted(FrequencyController):
+        def set(self, mhz: int) -> None:
+            err = fails(mhz)
+            if err is not None:
+                raise err
+            backend.set_clock(mhz)
+            self.locked = mhz
+
+        def reset(self) -> None:
+            self.locked = None
+
+    return Scripted()
 
 
 def _measure(backend, script: list, slot: str = "linear_1") -> dict:
@@ -145,31 +164,14 @@ def _lock_refused(backend, rank: int) -> dict:
     """Rank 1's clock lock fails once (a transient NVML error), then is denied (no admin rights):
     the first fails the candidate on both ranks, the second stops the search on both."""
     from kareus.errors import KareusError
-    from kareus.profiler import Profiler, ProfilerConfig
-    from kareus.profiler.frequency import FrequencyController
     from kareus.types import Candidate
 
-    class Flaky(FrequencyController):
-        def __init__(self) -> None:
-            self.script = ["transient", "ok", "denied"] if rank == 1 else []
-
-        def set(self, mhz: int) -> None:
-            action = self.script.pop(0) if self.script else "ok"
-            if action == "transient":
-                raise RuntimeError("NVMLError_Unknown")
-            if action == "denied":
-                raise KareusError("profiler.frequency=nvml: locking GPU clocks needs admin rights")
-            backend.set_clock(mhz)
-            self.locked = mhz
-
-        def reset(self) -> None:
-            self.locked = None
-
+    script = [RuntimeError("NVMLError_Unknown"), None,
+              KareusError("profiler.frequency=nvml: locking GPU clocks needs admin rights")] if rank == 1 else []
     backend.energy = _Meter([])
-    cfg = ProfilerConfig(target_window_s=0.02, min_window_s=0.0, settle_s=0, warmup_runs=0, calibration_runs=1,
-                         retries=0, cooldown={"name": "none"}, frequency={"name": "sim"})
     p = _partition()
-    prof = Profiler(cfg, backend, frequency=Flaky())
+    lock = _scripted_lock(backend, lambda mhz: script.pop(0) if script else None)
+    prof = _profiler(backend, retries=0, frequency=lock)
     out: dict = {}
     for i, slot in enumerate(("linear_0", "linear_1")):
         m = prof.measure(p, Candidate(p.key, slot, 4 + i, backend.gpu.max_mhz))
@@ -185,34 +187,17 @@ def _lock_refused(backend, rank: int) -> dict:
 def _anchor_lock_refused(backend, rank: int) -> dict:
     """A thermal anchor at the reference clock whose lock fails on rank 1 alone (a transient NVML
     error): the anchor is skipped on both ranks, and the candidate is measured by both."""
-    from kareus.profiler import Profiler, ProfilerConfig
     from kareus.profiler.cooldown import ThermalCooldown, ThermalCooldownConfig
-    from kareus.profiler.frequency import FrequencyController
     from kareus.types import Candidate
 
     ref, low = backend.gpu.max_mhz, backend.gpu.clocks()[len(backend.gpu.clocks()) // 2]
-
-    class Flaky(FrequencyController):
-        failed = False
-
-        def set(self, mhz: int) -> None:
-            if rank == 1 and mhz == ref and not self.failed:
-                self.failed = True
-                raise RuntimeError("NVMLError_Unknown")
-            backend.set_clock(mhz)
-            self.locked = mhz
-
-        def reset(self) -> None:
-            self.locked = None
-
+    once = [RuntimeError("NVMLError_Unknown")] if rank == 1 else []
     backend.energy = _Meter([])
-    cfg = ProfilerConfig(target_window_s=0.02, min_window_s=0.0, settle_s=0, warmup_runs=0, calibration_runs=1,
-                         retries=1, cooldown={"name": "none"}, frequency={"name": "sim"})
-    prof = Profiler(cfg, backend, frequency=Flaky(), cooldown=ThermalCooldown(ThermalCooldownConfig(anchor_window_s=0.01)))
+    lock = _scripted_lock(backend, lambda mhz: once.pop() if once and mhz == ref else None)
+    prof = _profiler(backend, retries=1, frequency=lock, cooldown=ThermalCooldown(ThermalCooldownConfig(anchor_window_s=0.01)))
     p = _partition()
     m = prof.measure(p, Candidate(p.key, "linear_0", 8, low))
     return {"failed": m.failed, "anchors": len(prof.cooldown.anchors), "at_candidates_clock": backend.clock() == low}
-
 
 def _worker(rank: int, port: int, out_dir: str) -> None:
     from dataclasses import replace
