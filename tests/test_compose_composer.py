@@ -184,3 +184,22 @@ def test_joined_frontier_keeps_what_a_composition_of_fewer_options_found():
     assert all(o in full[k] for k in full for o in sub[k])
     with pytest.raises(ValueError):  # options outside this frontier's cannot be re-priced
         peer.joined(ours)
+
+
+def test_a_deadline_asked_for_gets_its_own_solve():
+    """A deadline between the sweep's points is answered by a solve at it, not by the next faster point."""
+    from kareus.compose.synthetic import synthetic_options
+
+    dag, opts = pipeline_dag("1f1b", 3, 6), synthetic_options(3, seed=4)
+    composer = KareusComposer(KareusComposerConfig(num_deadlines=3))
+    plain = composer.compose(dag, opts, 75.0, 4, 3)
+    gaps = np.diff(plain.times)
+    i = int(np.argmax(gaps))
+    deadline = float(plain.times[i] + 0.5 * gaps[i])  # the middle of the widest gap between its points
+    asked = composer.compose(dag, opts, 75.0, 4, 3, deadlines=[deadline])
+
+    def least_within(f) -> float:
+        return min(e for t, e in zip(f.times, f.energies) if t <= deadline)
+
+    assert least_within(asked) < least_within(plain) - 1e-9
+    assert composer.compose(dag, opts, 75.0, 4, 3, deadlines=[0.0, 1e9]).times.tolist() == plain.times.tolist()

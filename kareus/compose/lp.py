@@ -106,7 +106,10 @@ class KareusComposer:
         self.config = config or KareusComposerConfig()
 
     def compose(self, dag: PipelineDAG, options: Options, static_power_w: float, gpus_per_stage: int,
-                num_stages: int) -> IterationFrontier:
+                num_stages: int, deadlines: Sequence[float] = ()) -> IterationFrontier:
+        """The iteration frontier; ``deadlines`` are times a plan is asked for (a user's deadline, a
+        time to compare at): each gets a solve of its own, so the frontier has its best point right
+        at it, not only at the sweep's evenly spaced times."""
         start = time.perf_counter()
         model = CostModel(dag, options, static_power_w, gpus_per_stage, num_stages)
         tables = _tables(options)
@@ -133,8 +136,9 @@ class KareusComposer:
         # The unconstrained optimum bounds the useful range: slower iterations only cost more.
         free = lp.solve(t_slow)
         t_best = t_slow if free is None else min(t_slow, max(t_fast, free[1]))
-        deadlines = np.linspace(t_best, t_fast, max(2, self.config.num_deadlines)) if t_best > t_fast else [t_fast]
-        for deadline in deadlines:
+        evenly = np.linspace(t_best, t_fast, max(2, self.config.num_deadlines)) if t_best > t_fast else [t_fast]
+        asked = [float(d) for d in deadlines if t_fast < float(d) < t_best]  # outside: the sweep's ends answer
+        for deadline in [*evenly, *sorted(set(asked))]:
             sol = lp.solve(float(deadline))
             if sol is None:
                 continue

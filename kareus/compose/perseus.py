@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -90,7 +90,9 @@ class PerseusComposer:
         self.hull_fallbacks = 0  # instructions whose exponential fit was undefined (cost_model=exponential)
 
     def compose(self, dag: PipelineDAG, options: Options, static_power_w: float, gpus_per_stage: int,
-                num_stages: int) -> IterationFrontier:
+                num_stages: int, deadlines: Sequence[float] = ()) -> IterationFrontier:
+        """lowtime's frontier, traced step by step from the fastest plan; ``deadlines`` (times a plan
+        is asked for) add nothing: every step it takes is a point already."""
         import networkx as nx
         from lowtime.graph_utils import add_sink_node, add_source_node
         from lowtime.operation import CandidateExecutionOptions, ExecutionOption, OperationSpec

@@ -166,11 +166,17 @@ def compose(ctx: RunContext, results: Sequence[SearchResult], fixed: FixedWork) 
     gpus_per_stage = p.tp * p.cp * p.dp
     P = float(ctx.gpu.static_power_w)
     composer = COMPOSERS.build(str(ctx.cfg.compose.name), config=ctx.typed["compose"])
-    frontier = composer.compose(dag, options, P, gpus_per_stage, p.pp)
     ref_point = fixed_option_iteration(dag, ref_options, P, gpus_per_stage, p.pp)
+    # the times plans are asked for get solves of their own: the user's deadline, Megatron's time and
+    # (below) each Perseus point's, so plan selection and the equal-time comparison are exact there
+    asked = [t for t in (ctx.typed["plan"].deadline_s, ref_point.time_s) if t is not None]
     perseus = None
     if fixed.perseus:
+        perseus = composer.compose(dag, perseus_options, P, gpus_per_stage, p.pp)
+        asked += [a.time_s for a in perseus.frontier]
+    frontier = composer.compose(dag, options, P, gpus_per_stage, p.pp, deadlines=asked)
+    if perseus is not None:
         # Perseus' plans are Kareus plans too: its points join the frontier, their choices index its options
-        perseus = composer.compose(dag, perseus_options, P, gpus_per_stage, p.pp).in_options_of(frontier.model)
+        perseus = perseus.in_options_of(frontier.model)
         frontier = frontier.joined(perseus)
     return Composition(options, ref_options, frontier, dag, ref_point, fixed.residual_measurements, perseus)
