@@ -2,6 +2,7 @@
 no traceback, nothing left under runs/; the documented describe call works."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -253,6 +254,8 @@ def test_a_sweep_job_refused_at_run_time_fails_alone_and_the_sweep_goes_on(tmp_p
     assert [j.name for j in jobs] == ["0", "1"]
     assert (jobs[1] / "plan_selected.yaml").is_file() and not (jobs[0] / "plan_selected.yaml").exists()
     assert (jobs[0] / "journal.sqlite").is_file()  # the refused job's measurements are kept
+    refused = json.loads((jobs[0] / "summary.json").read_text())  # and its summary: reference, costs, why
+    assert refused["selection_error"].startswith("no plan meets plan.deadline_s=1e-06 s") and refused["reference"]
     with closing(sqlite3.connect(tmp_path / "runs" / "mlflow.db")) as con:
         rows = con.execute("SELECT m.key, m.value, r.status FROM metrics m JOIN runs r ON r.run_uuid = m.run_uuid "
                            "WHERE m.key IN ('jobs', 'jobs_failed')").fetchall()

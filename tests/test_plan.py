@@ -1,6 +1,8 @@
 """Execution plans: construction, YAML round trip and validation, selection rules, event simulation."""
 from __future__ import annotations
 
+import csv
+
 import pytest
 
 from kareus.compose import KareusComposer, KareusComposerConfig, fixed_option_iteration, pipeline_dag
@@ -157,6 +159,13 @@ def test_run_outputs_and_table(tmp_path, frontier, plans):
     assert len(rows) == len(plans) + 2
     assert len(list((tmp_path / "plans").glob("plan_*.yaml"))) == len(plans)
     assert load_plan(tmp_path / "plan_selected.yaml") == chosen
+    # a row's time or energy copied into plan.deadline_s / plan.energy_budget_j selects that row's plan
+    for row, plan in zip(csv.DictReader(rows[:1] + rows[2:]), plans):
+        assert float(row["time_s"]) == plan.predicted_time_s and float(row["energy_j"]) == plan.predicted_energy_j
+        assert select_plan(plans, PlanConfig(deadline_s=float(row["time_s"]))).predicted_energy_j <= \
+            plan.predicted_energy_j
+        assert select_plan(plans, PlanConfig(energy_budget_j=float(row["energy_j"]))).predicted_time_s <= \
+            plan.predicted_time_s
     from rich.console import Console
 
     console = Console(record=True, width=140)

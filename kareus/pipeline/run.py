@@ -92,8 +92,16 @@ def _search_and_plan_on(ctx: RunContext, console: Console, compose: bool, backen
                                  gpu_hours_name(ctx.simulated, "profiling_"): gpu_seconds / 3600.0})
         if compose and ctx.partitioning is not None:
             summary.update(_compose_and_plan(ctx, console, backend, results, tracker, profiled, gpu_seconds))
-    (ctx.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+            if "selection_error" in summary:  # refused once everything, the summary too, is on disk
+                _write_summary(ctx, summary)
+                raise KareusError(f"plan: {summary['selection_error']} (the frontier and all plans are in "
+                                  f"{ctx.run_dir})")
+    _write_summary(ctx, summary)
     return summary
+
+
+def _write_summary(ctx: RunContext, summary: dict[str, Any]) -> None:
+    (ctx.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
 
 
 def _compose_and_plan(ctx: RunContext, console: Console, backend: Any, results: list, tracker: Any,
@@ -158,7 +166,7 @@ def _compose_and_plan(ctx: RunContext, console: Console, backend: Any, results: 
                       f"and {s['energy_saving_pct']:+.1f}% energy saved ({label})")
         console.print(f"run directory: {ctx.run_dir}")
     if selection_error is not None:
-        raise KareusError(f"plan: {selection_error} (the frontier and all plans are in {ctx.run_dir})")
+        out["selection_error"] = selection_error
     return out
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from kareus.plan.model import ExecutionPlan
-from kareus.plan.report import even_spread
+from kareus.plan.report import even_spread, exact
 from kareus.plan.select import LIMIT_TOL
 
 
@@ -74,9 +74,9 @@ def write_equal_time_csv(path: str | Path, rows: Sequence[EqualTime]) -> Path:
         w.writerow(["time_s", "energy_j", "plan", "plan_time_s", "plan_energy_j", "energy_saving_pct"])
         for r in rows:
             p, s = r.plan, r.energy_saving_pct
-            w.writerow([f"{r.baseline_time_s:.9g}", f"{r.baseline_energy_j:.9g}", "" if p is None else p.index,
-                        "" if p is None else f"{p.predicted_time_s:.9g}",
-                        "" if p is None else f"{p.predicted_energy_j:.9g}", "" if s is None else f"{s:.4f}"])
+            w.writerow([exact(r.baseline_time_s), exact(r.baseline_energy_j), "" if p is None else p.index,
+                        "" if p is None else exact(p.predicted_time_s),
+                        "" if p is None else exact(p.predicted_energy_j), "" if s is None else f"{s:.4f}"])
     return path
 
 

@@ -15,6 +15,12 @@ from kareus.plan.io import save_plan
 from kareus.plan.model import ExecutionPlan
 
 
+def exact(x: float) -> str:
+    """The shortest text that reads back as the same float: a time or energy copied from a CSV into
+    ``plan.deadline_s`` or ``plan.energy_budget_j`` selects the very plan it came from."""
+    return repr(float(x))
+
+
 def _saving(ref: float | None, value: float) -> float | None:
     return None if not ref else 100.0 * (ref - value) / ref
 
@@ -41,13 +47,13 @@ def write_run_outputs(run_dir: str | Path, plans: Sequence[ExecutionPlan], selec
         w.writerow(["plan", "time_s", "energy_j", "dynamic_energy_j", "static_energy_j", "time_saving_pct",
                     "energy_saving_pct", "plan_file"])
         if reference is not None:
-            w.writerow(["megatron_reference", f"{reference.time_s:.9g}", f"{reference.energy_j:.9g}",
-                        f"{reference.dynamic_energy_j:.9g}", f"{reference.static_energy_j:.9g}", "0", "0", ""])
+            w.writerow(["megatron_reference", exact(reference.time_s), exact(reference.energy_j),
+                        exact(reference.dynamic_energy_j), exact(reference.static_energy_j), "0", "0", ""])
         for p in plans:
             st = p.predicted_energy_j - p.predicted_dynamic_energy_j
             ts, es = _saving(ref_t, p.predicted_time_s), _saving(ref_e, p.predicted_energy_j)
-            w.writerow([p.index, f"{p.predicted_time_s:.9g}", f"{p.predicted_energy_j:.9g}",
-                        f"{p.predicted_dynamic_energy_j:.9g}", f"{st:.9g}",
+            w.writerow([p.index, exact(p.predicted_time_s), exact(p.predicted_energy_j),
+                        exact(p.predicted_dynamic_energy_j), exact(st),
                         "" if ts is None else f"{ts:.4f}", "" if es is None else f"{es:.4f}",
                         f"plans/plan_{p.index:03d}.yaml"])
     out["frontier_iteration"] = csv_path
