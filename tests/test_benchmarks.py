@@ -83,3 +83,13 @@ def test_plan_quality_compares_the_plans_a_user_picks():
 
     assert pq.perseus_energy_within(WithPerseus([], [(2.0, 9.0), (2.5, 8.0)]), 2.0) == 9.0
     assert pq.perseus_energy_within(WithPerseus([], [(2.5, 8.0)]), 2.0) is None
+
+
+def test_a_simulated_ground_truth_is_the_profilers_reading_and_its_own():
+    """Each partition is read as the profiler reads it, on a GPU of its own: its table does not depend
+    on which partitions were measured before it (their heat and counter phase)."""
+    alone = se.sim_truths(keys=("fwd_trail",))
+    among = [t for t in se.sim_truths() if t.partition.key == "fwd_trail"]
+    assert [t.table for t in alone] == [t.table for t in among] and len(alone) == 2  # both workloads
+    c = alone[0].space[0]
+    assert alone[0].table[c][1] - alone[0].table[c][2] == pytest.approx(alone[0].static_power_w * alone[0].table[c][0])
