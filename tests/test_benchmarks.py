@@ -93,3 +93,14 @@ def test_a_simulated_ground_truth_is_the_profilers_reading_and_its_own():
     assert [t.table for t in alone] == [t.table for t in among] and len(alone) == 2  # both workloads
     c = alone[0].space[0]
     assert alone[0].table[c][1] - alone[0].table[c][2] == pytest.approx(alone[0].static_power_w * alone[0].table[c][0])
+
+
+def test_a_second_reading_that_swaps_a_corner_costs_the_exhaustive_search_its_share():
+    t = truth({**FRONT, ("b", 4): [(3.0, 1.02)] * 3})  # a near-tie behind the lowest-energy corner
+    assert se.remeasured_exhaustive(t, t) == pytest.approx(1.0)
+    swapped = dict(t.table)
+    b2, b4 = (next(c for c in t.space if (c.slot, c.sms) == k) for k in (("b", 2), ("b", 4)))
+    swapped[b2], swapped[b4] = (3.0, 1.03, 0.0), (3.0, 1.0, 0.0)  # the second reading ranks them the other way
+    again = se.Truth("sim", None, t.space, swapped, 10.0)
+    # normalised, the corner (1, 0) becomes (1, 0.01): a strip 0.1 wide and 0.01 high of the front's 0.46
+    assert se.remeasured_exhaustive(t, again) == pytest.approx(1 - 0.1 * 0.01 / 0.46)
