@@ -40,6 +40,17 @@ def test_peer_is_deterministic_for_a_seed(name):
     assert runs[0] == runs[1]
 
 
+def test_nsga2_breeds_from_the_initial_design_it_measured():
+    """The shared initial design is NSGA-II's first generation: the trials after it are its children,
+    not a second, random first generation."""
+    searcher = SEARCHERS.build("nsga2", config={"seed": 0})
+    searcher.run(problem(36)[0])
+    key = "NSGAIISampler:generation"
+    generations = [t.system_attrs.get(key) for t in searcher.study.get_trials(deepcopy=False)]
+    assert generations[:12] == [0] * 12  # the initial design, queued with fixed parameters
+    assert 0 not in generations[12:] and max(generations) >= 2  # then its children, generation by generation
+
+
 def test_optuna_peer_on_a_small_space_finishes_without_endless_repeats():
     # 2 slots x 2 SMs x 2 clocks = 8 candidates, budget 8: the sampler must repeat itself and still end
     cfg = SpaceConfig(sms=[4, 8], slots=["sequential", "s1"], freq_mhz=FreqRange(min=1350, step=60))

@@ -140,7 +140,7 @@ class OptunaConfig(SearcherConfig):
 @dataclass
 class NSGA2Config(OptunaConfig):
     name: str = "nsga2"
-    population: int | None = None  # None: batch_size
+    population: int | None = None  # None: the initial design's size (it is the first generation)
 
 
 @dataclass

@@ -96,9 +96,13 @@ class OptunaSearcher:
 
     def __init__(self, cfg: OptunaConfig) -> None:
         self.cfg = cfg
+        self.study: Any = None  # the last run's Optuna study (its trials, for inspection)
 
     def sampler(self, problem: SearchProblem, n_initial: int) -> Any:
         raise NotImplementedError
+
+    def initial_asked(self, study: Any, trial: Any) -> None:
+        """A trial of the shared initial design was asked (queued with fixed parameters)."""
 
     def run(self, problem: SearchProblem) -> SearchResult:
         import optuna
@@ -144,6 +148,8 @@ class OptunaSearcher:
             for _ in range(n):
                 tr = study.ask(dists)
                 asks += 1
+                if first:
+                    self.initial_asked(study, tr)
                 trials.append((tr, nearest(tr.params)))
             new = list(dict.fromkeys(i for _, i in trials if i not in run.measured))
             label = "initial" if first else self.cfg.name
@@ -164,6 +170,7 @@ class OptunaSearcher:
                 picks = rng.choice(pool, size=min(run.remaining, len(pool)), replace=False)
                 run.evaluate(picks, [{"pass": "random"} for _ in picks])
                 run.finish_batch()
+        self.study = study
         return run.result()
 
 
@@ -182,13 +189,19 @@ def _numeric(values: set[int]) -> Any:
 
 @SEARCHERS.register("nsga2", NSGA2Config)
 class NSGA2Searcher(OptunaSearcher):
-    """NSGA-II (Optuna), population = batch size unless set."""
+    """NSGA-II (Optuna) whose first generation is the shared initial design (population: its size
+    unless set). Optuna leaves queued trials out of every generation: its parents would otherwise
+    come from a random generation of its own, measured on top of the initial design it paid for."""
 
     def sampler(self, problem: SearchProblem, n_initial: int) -> Any:
         import optuna
 
-        pop = self.cfg.population or self.cfg.batch_size
-        return optuna.samplers.NSGAIISampler(population_size=max(pop, 2), seed=problem.seed)
+        self._sampler = optuna.samplers.NSGAIISampler(population_size=max(self.cfg.population or n_initial, 2),
+                                                      seed=problem.seed)
+        return self._sampler
+
+    def initial_asked(self, study: Any, trial: Any) -> None:
+        self._sampler.get_trial_generation(study, study.get_trials(deepcopy=False)[trial.number])  # tags it
 
 
 @SEARCHERS.register("tpe", TPEConfig)
