@@ -247,6 +247,9 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     with open(f"{out_dir}/{rank}.json", "w") as f:
         json.dump(res, f)
     dist.destroy_process_group()
+    # leave without interpreter finalisation: gloo's threads and torch's at-exit teardown can abort
+    # in either order there (rarely), after every result above is on disk
+    os._exit(0)
 
 
 @pytest.fixture(scope="module")
