@@ -335,7 +335,7 @@ def test_a_clock_lock_one_rank_cannot_take_fails_or_stops_the_whole_group(ranks)
     assert r1["lock_refused"]["linear_0"][1] == ["clock: RuntimeError: NVMLError_Unknown"]
     assert not r0["lock_refused"]["linear_1"][0] and not r1["lock_refused"]["linear_1"][0]  # in step again
     assert "needs admin rights" in r1["lock_refused"]["stopped"]
-    assert "another rank of the group stopped at its clock step" in r0["lock_refused"]["stopped"]
+    assert "another rank of the group stopped on a configuration error (clock)" in r0["lock_refused"]["stopped"]
 
 
 def test_an_anchor_lock_one_rank_cannot_take_is_skipped_by_the_whole_group(ranks):

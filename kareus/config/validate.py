@@ -117,6 +117,11 @@ def validate_model_parallel(model: Any, p: Any, gpus_per_node: int) -> list[str]
     return problems
 
 
+def measures_real_gpu(hardware: Any) -> bool:
+    """Whether the hardware config measures a physical GPU (plugin configs may lack ``real_clock``)."""
+    return bool(getattr(hardware, "real_clock", lambda: False)())
+
+
 def validate_clock_control(hardware: Any, profiler: Any) -> list[str]:
     """The frequency controller must lock the clock the backend measures at: a controller that only
     records the clock (``sim``) leaves a real GPU boosting freely, so every reading would be filed
@@ -125,7 +130,7 @@ def validate_clock_control(hardware: Any, profiler: Any) -> list[str]:
     from kareus.profiler.config import section
     from kareus.registry import FREQUENCY_CONTROLLERS
 
-    real = bool(getattr(hardware, "real_clock", lambda: False)())  # plugin configs may lack it
+    real = measures_real_gpu(hardware)
     name = str(section(profiler.frequency).get("name", ""))
     if name not in FREQUENCY_CONTROLLERS:
         return []  # reported by the profiler's own rules
@@ -189,7 +194,7 @@ def validate(cfg: Any) -> dict[str, Any]:
     problems += validate_model_parallel(model, cfg.parallel, gpu.gpus_per_node if gpu else 8)
     if "hardware" in typed and "profiler" in typed:
         problems += validate_clock_control(typed["hardware"], typed["profiler"])
-    real = "hardware" in typed and bool(getattr(typed["hardware"], "real_clock", lambda: False)())
+    real = "hardware" in typed and measures_real_gpu(typed["hardware"])
     ctx = ValidationContext(gpu=gpu, parallel=cfg.parallel, model=model, mode=mode, real_gpu=real)
     # a rule may name a key of another section (the partitioner's parallel.nanobatches): kept as it is
     sections = {k for k in cfg.keys() if isinstance(cfg.get(k), (DictConfig, dict))}

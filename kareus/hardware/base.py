@@ -38,6 +38,12 @@ class GPUSpec:
     def supports_clock(self, mhz: int) -> bool:
         return self.min_mhz <= mhz <= self.max_mhz and (self.max_mhz - mhz) % self.step_mhz == 0
 
+    def check_clock(self, mhz: int) -> None:
+        """Raise ValueError, naming the GPU's range and step, unless ``mhz`` is a clock it can lock."""
+        if not self.supports_clock(int(mhz)):
+            raise ValueError(f"{self.name} has no locked clock {mhz} MHz "
+                             f"({self.min_mhz}..{self.max_mhz} in {self.step_mhz} MHz steps)")
+
 
 @runtime_checkable
 class HardwareBackend(Protocol):
@@ -75,9 +81,7 @@ class LockedClock:
     _clock: int
 
     def set_clock(self, mhz: int) -> None:
-        if not self.gpu.supports_clock(int(mhz)):
-            raise ValueError(f"{self.gpu.name} has no locked clock {mhz} MHz "
-                             f"({self.gpu.min_mhz}..{self.gpu.max_mhz} in {self.gpu.step_mhz} MHz steps)")
+        self.gpu.check_clock(mhz)
         self._clock = int(mhz)
 
     def clock(self) -> int:

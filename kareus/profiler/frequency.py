@@ -70,8 +70,8 @@ class SignalGuard:
     the process without unwinding, leaving the GPU locked at a low clock for whoever runs next. Python
     lets only the main thread install handlers; elsewhere this does nothing. The previous handlers come
     back on ``restore``; a signal the process ignores (``nohup`` ignores SIGHUP) stays ignored. What no
-    handler can catch (SIGKILL, an abort in native code) leaves the lock
-    in place: ``nvidia-smi -rgc`` resets it.
+    handler can catch (SIGKILL, an abort in native code) leaves the lock in place: ``nvidia-smi -rgc``
+    resets it.
     """
 
     SIGNALS = ("SIGTERM", "SIGHUP")
@@ -153,10 +153,8 @@ class DeviceLockController(FrequencyController):
     def set(self, mhz: int) -> None:
         if self.locked == mhz:
             return
-        gpu = getattr(self.backend, "gpu", None)
-        if gpu is not None and not gpu.supports_clock(int(mhz)):  # before the hardware is touched
-            raise ValueError(f"{gpu.name} has no locked clock {mhz} MHz "
-                             f"({gpu.min_mhz}..{gpu.max_mhz} in {gpu.step_mhz} MHz steps)")
+        if self.backend is not None:
+            self.backend.gpu.check_clock(mhz)  # before the hardware is touched
         self._guard.install()
         for i, device in enumerate(self._devices):
             try:

@@ -176,7 +176,7 @@ class Profiler:
         worst = group_max(self.backend, float(level))
         if worst >= 2:
             raise err if isinstance(err, KareusError) else KareusError(
-                f"profiler: another rank of the group stopped at its {what} step (its log says why)")
+                f"profiler: another rank of the group stopped on a configuration error ({what}); its log says why")
         if worst >= 1:
             why = f"{type(err).__name__}: {err}" if err is not None else "another rank of the group failed here"
             raise _Crash(f"{what}: {why}") from err
