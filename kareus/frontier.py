@@ -8,6 +8,13 @@ import numpy as np
 
 from kareus.types import FrontierPoint
 
+LIMIT_TOL = 1e-9  # relative slack on a time or energy limit: a plan at the limit meets it, float noise aside
+
+
+def within_limit(value: float, limit: float) -> bool:
+    """Whether ``value`` meets a time or energy ``limit`` (a deadline, a budget, a time compared at)."""
+    return value <= limit * (1 + LIMIT_TOL)
+
 
 def pareto_mask(times: Sequence[float], energies: Sequence[float]) -> np.ndarray:
     """Boolean mask of the non-dominated finite points (of equal points the first is kept). O(n log n)."""

@@ -203,3 +203,26 @@ def test_a_deadline_asked_for_gets_its_own_solve():
 
     assert least_within(asked) < least_within(plain) - 1e-9
     assert composer.compose(dag, opts, 75.0, 4, 3, deadlines=[0.0, 1e9]).times.tolist() == plain.times.tolist()
+
+
+def test_an_energy_budget_asked_for_gets_a_bisection():
+    """A budget between the sweep's points is answered by bisecting the deadline: a faster plan
+    within the budget than the sweep's, never one over it; a budget outside the frontier adds nothing."""
+    from kareus.compose.synthetic import synthetic_options
+
+    dag, opts = pipeline_dag("1f1b", 3, 6), synthetic_options(3, seed=4)
+    composer = KareusComposer(KareusComposerConfig(num_deadlines=3))
+    plain = composer.compose(dag, opts, 75.0, 4, 3)
+    gaps = -np.diff(plain.energies)
+    i = int(np.argmax(gaps))
+    budget = float(plain.energies[i + 1] + 0.5 * gaps[i])  # the middle of the widest energy step
+
+    def fastest_within(f) -> float:
+        return min(t for t, e in zip(f.times, f.energies) if e <= budget)
+
+    asked = composer.compose(dag, opts, 75.0, 4, 3, energy_budgets=[budget])
+    assert fastest_within(asked) < fastest_within(plain) - 1e-9
+    off = KareusComposer(KareusComposerConfig(num_deadlines=3, budget_bisections=0))
+    assert off.compose(dag, opts, 75.0, 4, 3, energy_budgets=[budget]).times.tolist() == plain.times.tolist()
+    for outside in (0.0, 1e12):  # refused, or met by the fastest plan: no solve
+        assert composer.compose(dag, opts, 75.0, 4, 3, energy_budgets=[outside]).times.tolist() == plain.times.tolist()

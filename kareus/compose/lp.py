@@ -30,13 +30,14 @@ import bisect
 import itertools
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from kareus.compose.iteration import Assignment, CostModel, IterationFrontier, Options, critical_path
 from kareus.compose.microbatch import pareto_indices
 from kareus.compose.schedule import PipelineDAG
+from kareus.frontier import within_limit
 from kareus.registry import COMPOSERS
 
 
@@ -46,6 +47,7 @@ class KareusComposerConfig:
     num_deadlines: int = 48  # LPs solved between the fastest iteration and the energy optimum
     repair_passes: int = 2  # slack-reclamation sweeps after rounding (0 = plain rounding)
     nearest_rounding: bool = True  # also try rounding to the nearest option (may move the deadline)
+    budget_bisections: int = 24  # deadline solves per energy budget asked for (plan.energy_budget_j)
 
     def problems(self, ctx: Any = None) -> list[str]:
         out = []
@@ -53,6 +55,8 @@ class KareusComposerConfig:
             out.append(f"compose.num_deadlines: must be >= 2, got {self.num_deadlines}")
         if self.repair_passes < 0:
             out.append(f"compose.repair_passes: must be >= 0, got {self.repair_passes}")
+        if self.budget_bisections < 0:
+            out.append(f"compose.budget_bisections: must be >= 0, got {self.budget_bisections}")
         return out
 
 
@@ -106,10 +110,13 @@ class KareusComposer:
         self.config = config or KareusComposerConfig()
 
     def compose(self, dag: PipelineDAG, options: Options, static_power_w: float, gpus_per_stage: int,
-                num_stages: int, deadlines: Sequence[float] = ()) -> IterationFrontier:
+                num_stages: int, deadlines: Sequence[float] = (),
+                energy_budgets: Sequence[float] = ()) -> IterationFrontier:
         """The iteration frontier; ``deadlines`` are times a plan is asked for (a user's deadline, a
         time to compare at): each gets a solve of its own, so the frontier has its best point right
-        at it, not only at the sweep's evenly spaced times."""
+        at it, not only at the sweep's evenly spaced times. ``energy_budgets`` (joules per iteration)
+        get a bisection on the deadline between the fastest plan and the fastest one found within
+        the budget, so the frontier has the fastest plan the rounding finds at that energy."""
         start = time.perf_counter()
         model = CostModel(dag, options, static_power_w, gpus_per_stage, num_stages)
         tables = _tables(options)
@@ -138,16 +145,18 @@ class KareusComposer:
         t_best = t_slow if free is None else min(t_slow, max(t_fast, free[1]))
         evenly = np.linspace(t_best, t_fast, max(2, self.config.num_deadlines)) if t_best > t_fast else [t_fast]
         asked = [float(d) for d in deadlines if t_fast < float(d) < t_best]  # outside: the sweep's ends answer
-        for deadline in [*evenly, *sorted(set(asked))]:
-            sol = lp.solve(float(deadline))
+
+        def solve_at(deadline: float) -> None:
+            """The relaxed optimum at ``deadline``, rounded to options and its slack reclaimed."""
+            sol = lp.solve(deadline)
             if sol is None:
-                continue
+                return
             roundings = [_round(node_tab, sol[0], nearest=False)]
             if self.config.nearest_rounding:
                 roundings.append(_round(node_tab, sol[0], nearest=True))
             for pos in roundings:
                 add(pos)
-                for target, sweep in itertools.product((None, float(deadline)), (_reclaim, _reclaim_forward)):
+                for target, sweep in itertools.product((None, deadline), (_reclaim, _reclaim_forward)):
                     cur = pos  # keep the rounded iteration end, or use the slack up to the deadline
                     for _ in range(self.config.repair_passes):
                         new = sweep(dag, node_tab, cur, target)
@@ -155,6 +164,9 @@ class KareusComposer:
                             break
                         cur = new
                         add(cur)
+
+        for deadline in [*evenly, *sorted(set(asked))]:
+            solve_at(float(deadline))
         for cheap in sorted(results, key=lambda a: a.energy_j)[:DESCENT_STARTS]:
             pos = np.array([int(np.flatnonzero(tb.idx == c)[0]) for tb, c in zip(node_tab, cheap.choice)])
             for _ in range(DESCENT_PASSES):
@@ -163,7 +175,31 @@ class KareusComposer:
                     break
                 pos = new
                 add(pos)
+        for budget in sorted({float(b) for b in energy_budgets}):
+            self._bisect_budget(budget, t_fast, results, solve_at)
         return IterationFrontier.from_assignments(results, model, self.name, time.perf_counter() - start)
+
+    def _bisect_budget(self, budget: float, t_fast: float, results: list[Assignment],
+                       solve_at: Callable[[float], None]) -> None:
+        """Bisect the deadline for the fastest plan within ``budget`` J: a deadline whose solve finds a
+        plan within the budget moves the upper end down to that plan's time, one that finds none moves
+        the lower end up. Nothing to do when no plan found so far fits (the budget is refused) or the
+        fastest plan already fits."""
+        within = [a.time_s for a in results if within_limit(a.energy_j, budget)]
+        if not within or min(within) <= t_fast * (1 + 1e-12):
+            return
+        lo, hi = t_fast, min(within)
+        for _ in range(self.config.budget_bisections):
+            if hi - lo <= 1e-6 * hi:
+                break
+            mid = 0.5 * (lo + hi)
+            seen = len(results)
+            solve_at(mid)
+            fits = [a.time_s for a in results[seen:] if within_limit(a.energy_j, budget) and a.time_s < hi]
+            if fits:
+                hi = min(fits)
+            else:
+                lo = mid
 
 
 DESCENT_STARTS = 2  # the cheapest points found that each descend

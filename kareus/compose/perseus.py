@@ -90,9 +90,10 @@ class PerseusComposer:
         self.hull_fallbacks = 0  # instructions whose exponential fit was undefined (cost_model=exponential)
 
     def compose(self, dag: PipelineDAG, options: Options, static_power_w: float, gpus_per_stage: int,
-                num_stages: int, deadlines: Sequence[float] = ()) -> IterationFrontier:
+                num_stages: int, deadlines: Sequence[float] = (),
+                energy_budgets: Sequence[float] = ()) -> IterationFrontier:
         """lowtime's frontier, traced step by step from the fastest plan; ``deadlines`` (times a plan
-        is asked for) add nothing: every step it takes is a point already."""
+        is asked for) and ``energy_budgets`` add nothing: every step it takes is a point already."""
         import networkx as nx
         from lowtime.graph_utils import add_sink_node, add_source_node
         from lowtime.operation import CandidateExecutionOptions, ExecutionOption, OperationSpec

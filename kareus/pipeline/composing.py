@@ -174,7 +174,9 @@ def compose(ctx: RunContext, results: Sequence[SearchResult], fixed: FixedWork) 
     if fixed.perseus:
         perseus = composer.compose(dag, perseus_options, P, gpus_per_stage, p.pp)
         asked += [a.time_s for a in perseus.frontier]
-    frontier = composer.compose(dag, options, P, gpus_per_stage, p.pp, deadlines=asked)
+    budget = ctx.typed["plan"].energy_budget_j  # an energy budget gets a bisection of its own
+    frontier = composer.compose(dag, options, P, gpus_per_stage, p.pp, deadlines=asked,
+                                energy_budgets=[budget] if budget is not None else [])
     if perseus is not None:
         # Perseus' plans are Kareus plans too: its points join the frontier, their choices index its options
         perseus = perseus.in_options_of(frontier.model)

@@ -13,7 +13,7 @@ from typing import Iterable, Sequence
 
 from kareus.plan.model import ExecutionPlan
 from kareus.plan.report import even_spread, exact
-from kareus.plan.select import LIMIT_TOL
+from kareus.frontier import within_limit
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ def equal_time(plans: Sequence[ExecutionPlan], baseline: Sequence[tuple[float, f
     """Every baseline (time, energy) point, fastest first, beside the least-energy plan within its time."""
     out = []
     for t, e in sorted(baseline):
-        within = [p for p in plans if p.predicted_time_s <= t * (1 + LIMIT_TOL)]
+        within = [p for p in plans if within_limit(p.predicted_time_s, t)]
         best = min(within, key=lambda p: (p.predicted_energy_j, p.predicted_time_s)) if within else None
         out.append(EqualTime(float(t), float(e), best))
     return out
@@ -43,7 +43,7 @@ def equal_time(plans: Sequence[ExecutionPlan], baseline: Sequence[tuple[float, f
 
 def least_energy_within(points: Iterable[tuple[float, float]], time_s: float) -> float | None:
     """The least energy among (time, energy) points no slower than ``time_s`` (None: none is)."""
-    within = [e for t, e in points if t <= time_s * (1 + LIMIT_TOL)]
+    within = [e for t, e in points if within_limit(t, time_s)]
     return min(within) if within else None
 
 

@@ -6,9 +6,8 @@ from enum import Enum
 from typing import Any, Optional, Sequence
 
 from kareus.config.store import register_schema
+from kareus.frontier import within_limit
 from kareus.plan.model import ExecutionPlan
-
-LIMIT_TOL = 1e-9  # relative slack on a time or energy limit: a plan at the limit meets it, float noise aside
 
 
 class SelectRule(str, Enum):
@@ -68,7 +67,7 @@ def select_plan(plans: Sequence[ExecutionPlan], cfg: PlanConfig | None = None) -
 def _within(plans: Sequence[ExecutionPlan], limited: str, minimised: str, limit: float, refusal: str,
             unit: str) -> ExecutionPlan:
     """Minimise ``minimised`` among plans whose ``limited`` is within ``limit``; or say how far off it is."""
-    ok = [p for p in plans if getattr(p, limited) <= limit * (1 + LIMIT_TOL)]
+    ok = [p for p in plans if within_limit(getattr(p, limited), limit)]
     if not ok:
         nearest = getattr(min(plans, key=lambda p: getattr(p, limited)), limited)
         gap = nearest - limit
