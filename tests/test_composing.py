@@ -135,3 +135,30 @@ def test_a_reference_that_could_not_be_measured_is_one_error_line(low_clock_run)
     failed = {k: [Measurement.failure(m.candidate, "injected") for m in ms] for k, ms in fixed.megatron_partitions.items()}
     with pytest.raises(KareusError, match="Megatron's reference .*start a new run"):
         compose(ctx, results, dataclasses.replace(fixed, megatron_partitions=failed))
+
+
+def test_perseus_gets_its_own_solve_at_megatrons_time(tmp_path):
+    """The saving quoted at Megatron's time compares two solves at that time: Perseus' least energy
+    within it is its composer's answer to that deadline, not its nearest faster sweep point (on the
+    tiny pipeline that point costs 4% more, and the quoted saving fell outside its own range)."""
+    from kareus.compose.lp import KareusComposer
+    from kareus.plan.baseline import least_energy_within
+
+    cfg = compose_config("+model=tiny", "parallel=pp2_tp2", "profiler/cooldown=none")
+    ctx = build_context(cfg, validate(cfg), tmp_path)
+    journal = Journal.open(tmp_path / "journal.sqlite", ctx.config_hash)
+    with Profiler(to_dataclass(ProfilerConfig, ctx.typed["profiler"]), make_backend(ctx), journal) as profiler:
+        results = []
+        for t in ctx.partitioning.types:
+            ms = profiler.evaluator(t)([Candidate(t.key, SEQUENTIAL, 16, ctx.gpu.max_mhz)])
+            results.append(SearchResult(t.key, ms, Frontier([]), Frontier([])))
+        fixed = measure_perseus_space(ctx, profiler, measure_fixed_work(ctx, profiler, results))
+    journal.close()
+    comp = compose(ctx, results, fixed)
+    ref = comp.reference.time_s
+    options = {k: [o for o in opts if _megatron(o)] for k, opts in comp.options.items()}
+    p = ctx.parallel
+    solved = KareusComposer(ctx.typed["compose"]).compose(comp.dag, options, float(ctx.gpu.static_power_w),
+                                                          p.tp * p.cp * p.dp, p.pp, deadlines=[ref])
+    at_ref = least_energy_within(zip(comp.perseus.times, comp.perseus.energies), ref)
+    assert at_ref == pytest.approx(least_energy_within(zip(solved.times, solved.energies), ref), rel=1e-9)

@@ -168,11 +168,13 @@ def compose(ctx: RunContext, results: Sequence[SearchResult], fixed: FixedWork) 
     composer = COMPOSERS.build(str(ctx.cfg.compose.name), config=ctx.typed["compose"])
     ref_point = fixed_option_iteration(dag, ref_options, P, gpus_per_stage, p.pp)
     # the times plans are asked for get solves of their own: the user's deadline, Megatron's time and
-    # (below) each Perseus point's, so plan selection and the equal-time comparison are exact there
+    # (below) each Perseus point's, so plan selection and the equal-time comparison are exact there;
+    # Perseus gets the same solves at the user's deadline and Megatron's time, or the saving quoted
+    # there would compare a plan solved at that time with Perseus' nearest faster sweep point
     asked = [t for t in (ctx.typed["plan"].deadline_s, ref_point.time_s) if t is not None]
     perseus = None
     if fixed.perseus:
-        perseus = composer.compose(dag, perseus_options, P, gpus_per_stage, p.pp)
+        perseus = composer.compose(dag, perseus_options, P, gpus_per_stage, p.pp, deadlines=asked)
         asked += [a.time_s for a in perseus.frontier]
     budget = ctx.typed["plan"].energy_budget_j  # an energy budget gets a bisection of its own
     frontier = composer.compose(dag, options, P, gpus_per_stage, p.pp, deadlines=asked,
