@@ -9,6 +9,7 @@ import pytest
 from kareus.compose import (
     CostModel, InstructionOption, KareusComposer, KareusComposerConfig, fixed_option_iteration, pipeline_dag,
 )
+from kareus.compose.iteration import critical_path
 from kareus.compose.schedule import Synchronous1F1B
 from kareus.frontier import Frontier
 from kareus.registry import COMPOSERS, SCHEDULES
@@ -226,3 +227,31 @@ def test_an_energy_budget_asked_for_gets_a_bisection():
     assert off.compose(dag, opts, 75.0, 4, 3, energy_budgets=[budget]).times.tolist() == plain.times.tolist()
     for outside in (0.0, 1e12):  # refused, or met by the fastest plan: no solve
         assert composer.compose(dag, opts, 75.0, 4, 3, energy_budgets=[outside]).times.tolist() == plain.times.tolist()
+
+
+def test_perseus_exponential_fit_flat_at_the_slow_end_falls_back_to_the_hull():
+    """A fit a*exp(b*t)+c that flattens over the options' times would end lowtime's walk at its first
+    step (cost change below its tolerance), leaving only the slowest plan: the hull stands in."""
+    # cost falls steeply then not at all: the least-squares exponential is flat past the knee
+    make = lambda: [InstructionOption(0.010 + 0.002 * j, e, 1410 - 60 * j)  # noqa: E731
+                    for j, e in enumerate([50.0, 10.0, 9.9, 9.8, 9.7, 9.6, 9.5])]
+    dag = pipeline_dag("1f1b", 2, 2)
+    opts = {(s, d): make() for s in range(2) for d in (Direction.FWD, Direction.BWD)}
+    exp = COMPOSERS.build("perseus", config={"name": "perseus", "cost_model": "exponential"})
+    got = exp.compose(dag, opts, 85.0, 2, 2)
+    assert exp.hull_fallbacks == len(dag.keys) and exp.steps > 1
+    assert min(got.times) == pytest.approx(float(critical_path(dag, np.full(len(dag), 0.010))[1].max()), rel=1e-9)
+
+
+def test_perseus_walk_cut_short_still_offers_the_fastest_plan(caplog):
+    """compose.max_steps ends lowtime's walk early: the all-fastest plan is still a point (so
+    max_throughput is not the walk's slow end) and the shortfall is a warning."""
+    from kareus.compose.synthetic import synthetic_options
+
+    dag, opts = pipeline_dag("1f1b", 3, 4), synthetic_options(3, seed=4)
+    full = COMPOSERS.build("perseus", config={"name": "perseus"}).compose(dag, opts, 75.0, 4, 3)
+    cut = COMPOSERS.build("perseus", config={"name": "perseus", "max_steps": 2})
+    with caplog.at_level("WARNING", logger="kareus.compose.perseus"):
+        got = cut.compose(dag, opts, 75.0, 4, 3)
+    assert cut.stopped_early and min(got.times) == pytest.approx(min(full.times), rel=1e-9)
+    assert "short of the fastest iteration" in caplog.text and "compose.max_steps=2" in caplog.text

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -72,10 +73,23 @@ def _exponential_or_hull(cand_options) -> tuple[Any, bool]:
     opts = cand_options.options
     if len(opts) >= 3 and all(o.cost > 0 for o in opts):
         try:
-            return ExponentialModel(cand_options), True
+            with warnings.catch_warnings():  # scipy's overflow and covariance notes on a poor fit: judged below
+                warnings.simplefilter("ignore")
+                fit = ExponentialModel(cand_options)
         except (RuntimeError, TypeError, ValueError) as err:  # scipy's fit gave up
             log.debug("exponential fit failed (%s); using the hull", err)
+        else:
+            if _falls(fit, sorted({o.quant_time for o in opts})):
+                return fit, True
+            log.debug("exponential fit does not fall with time; using the hull")
     return _hull_cost_model(cand_options), False
+
+
+def _falls(fit: Any, quant_times: Sequence[int]) -> bool:
+    """Whether the fitted cost falls strictly from each option's time to the next: a fit flat at the
+    slow end ends lowtime's walk at once (its cost change drops below its float tolerance)."""
+    c = np.array([fit(q) for q in quant_times], float)
+    return bool(np.all(np.isfinite(c)) and np.all(np.diff(c) < -1e-9 * np.maximum(np.abs(c[:-1]), 1.0)))
 
 
 class PerseusComposer:
@@ -122,7 +136,7 @@ class PerseusComposer:
             specs[key] = OperationSpec[int](options=cand, cost_model=cost_model)
         if self.hull_fallbacks:
             log.warning("perseus: %d of %d instructions use the hull cost model (the exponential fit needs "
-                        "3+ options with positive cost)", self.hull_fallbacks, len(dag.keys))
+                        "3+ options with positive cost and must fall with time)", self.hull_fallbacks, len(dag.keys))
 
         graph = nx.DiGraph()
         ops = []
@@ -147,6 +161,16 @@ class PerseusComposer:
             if self.config.max_steps and self.steps >= self.config.max_steps:
                 self.stopped_early = True
                 break
+        walked = min(a.time_s for a in results)
+        # every instruction at its fastest option: the frontier's fast end whatever the walk reached
+        fastest = model.assess(tuple(int(np.argmin([o.time_s for o in options[n.key]])) for n in dag.nodes))
+        results.append(fastest)
+        if walked > fastest.time_s * (1 + 1e-6) + self.config.unit_time_s:
+            why = (f"compose.max_steps={self.config.max_steps}" if self.stopped_early
+                   else "lowtime's walk ended early")
+            log.warning("perseus: the walk stopped after %d steps at %.6g s, short of the fastest iteration "
+                        "(%.6g s, added as one more point) (%s): its frontier between them is missing",
+                        self.steps, walked, fastest.time_s, why)
         return IterationFrontier.from_assignments(results, model, self.name, time.perf_counter() - start)
 
 
