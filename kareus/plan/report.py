@@ -17,7 +17,8 @@ from kareus.plan.model import ExecutionPlan
 
 def exact(x: float) -> str:
     """The shortest text that reads back as the same float: a time or energy copied from a CSV into
-    ``plan.deadline_s`` or ``plan.energy_budget_j`` selects the very plan it came from."""
+    ``plan.deadline_s`` or ``plan.energy_budget_j`` is met by the plan it came from (the limit's own
+    solve may find one at least as good, and the plans are numbered afresh)."""
     return repr(float(x))
 
 
