@@ -5,6 +5,7 @@ applied with Hydra's own override parser and merge rule, so only group choices c
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
@@ -96,9 +97,16 @@ def test_node_size_comes_from_the_hardware():
     assert problems("hardware.gpus_per_node=4") == ["parallel.tp: tp*cp=8 GPUs do not fit one node of 4 GPUs"]
 
 
-def test_pipeline_needs_at_least_pp_microbatches():
-    assert problems("parallel.num_microbatches=1") == [
-        "parallel.num_microbatches: 1 is fewer than pp=2; the 1F1B pipeline would never fill"]
+def test_fewer_microbatches_than_stages_is_allowed_as_megatron_allows_it():
+    """Megatron's non-interleaved 1F1B warms up min(pp - rank - 1, microbatches) steps: the pipeline
+    never fills, but it runs, and so does its plan."""
+    from kareus.compose import pipeline_dag
+    from kareus.compose.iteration import critical_path
+
+    assert problems("parallel.num_microbatches=1") == []
+    dag = pipeline_dag("1f1b", 2, 1)
+    finish = critical_path(dag, np.ones(len(dag)))[1]
+    assert len(dag) == 4 and finish.max() == 4  # F0 -> F1 -> B1 -> B0: a chain
 
 
 def test_an_unknown_pipeline_schedule_is_refused_before_anything_runs():
@@ -413,11 +421,12 @@ def test_launcher_rule(overrides, line):
 
 
 def test_every_problem_is_reported_together(hw):
-    got = problems("parallel.tp=3", "parallel.num_microbatches=1", "search.budget=0",
+    got = problems("parallel.tp=3", "parallel.nanobatches=3", "search.budget=0",
                    "search.space.sms=[500]", "profiler.repeats=0", "plan.deadline_s=-1",
                    "compose.num_deadlines=1")
     expected = [
-        "parallel.num_microbatches: 1 is fewer than pp=2; the 1F1B pipeline would never fill",
+        "parallel.micro_batch_size: 8 does not split into parallel.nanobatches=3 equal nanobatches",
+        "parallel.nanobatches: the nanobatch partitioner needs 2, got 3",
         "parallel.tp: 3 does not divide model.num_attention_heads=16",
         "parallel.tp: 3 does not divide model.num_kv_heads=8",
         "search.budget: must be > 0, got 0",

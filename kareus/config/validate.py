@@ -84,9 +84,6 @@ def validate_model_parallel(model: Any, p: Any, gpus_per_node: int) -> list[str]
                         "(causal load balancing)")
     if p.tp * p.cp > gpus_per_node:
         problems.append(f"parallel.tp: tp*cp={p.tp * p.cp} GPUs do not fit one node of {gpus_per_node} GPUs")
-    if p.num_microbatches < p.pp:
-        problems.append(f"parallel.num_microbatches: {p.num_microbatches} is fewer than pp={p.pp}; "
-                        "the 1F1B pipeline would never fill")
     import kareus.compose.schedule  # noqa: F401  (registers the schedules)
     from kareus.registry import SCHEDULES
 
