@@ -159,6 +159,7 @@ def test_perseus_gets_its_own_solve_at_megatrons_time(tmp_path):
     options = {k: [o for o in opts if _megatron(o)] for k, opts in comp.options.items()}
     p = ctx.parallel
     solved = KareusComposer(ctx.typed["compose"]).compose(comp.dag, options, float(ctx.gpu.static_power_w),
-                                                          p.tp * p.cp * p.dp, p.pp, deadlines=[ref])
+                                                          p.tp * p.cp * p.dp, p.pp, deadlines=[ref],
+                                                          clock_switch_s=ctx.gpu.clock_switch_s)
     at_ref = least_energy_within(zip(comp.perseus.times, comp.perseus.energies), ref)
     assert at_ref == pytest.approx(least_energy_within(zip(solved.times, solved.energies), ref), rel=1e-9)

@@ -5,7 +5,9 @@ import csv
 
 import pytest
 
-from kareus.compose import KareusComposer, KareusComposerConfig, fixed_option_iteration, pipeline_dag
+from kareus.compose import (
+    IterationFrontier, KareusComposer, KareusComposerConfig, fixed_option_iteration, pipeline_dag,
+)
 from kareus.compose.microbatch import InstructionOption
 from kareus.compose.synthetic import synthetic_options
 from kareus.plan import (
@@ -69,6 +71,50 @@ def test_plan_time_equals_event_simulation_and_energy_matches(plans):
         assert plan_energy(p, sim.time_s) == pytest.approx(p.predicted_energy_j, rel=1e-12)
         # 1F1B order on stage 0: forwards of the warm-up precede the first backward
         assert sim.start[(0, S - 1, "fwd")] < sim.start[(0, 0, "bwd")]
+
+
+def test_clock_switches_are_priced_and_the_event_simulation_agrees():
+    """With hardware.clock_switch_s, an instruction whose clock differs from its stage's previous one
+    (the stage's last, for its first) starts that much later: the composer's exact pricing and the
+    independent event simulation agree on every plan, and switching plans pay for it."""
+    dag = pipeline_dag("1f1b", S, M)
+    opts = _with_choices(synthetic_options(S, seed=3))
+    switch_s = 0.002
+    free = KareusComposer(KareusComposerConfig(num_deadlines=12)).compose(dag, opts, 75.0, 4, S)
+    priced = KareusComposer(KareusComposerConfig(num_deadlines=12)).compose(dag, opts, 75.0, 4, S,
+                                                                           clock_switch_s=switch_s)
+    part = Partitioning(types=(), work=())
+    plans = make_plans(priced, part, config_hash="h", hardware="sim")
+    assert any(p.switches for p in plans) and all(p.clock_switch_s == switch_s for p in plans)
+    for p in plans:
+        assert simulate_plan(p).time_s == pytest.approx(p.predicted_time_s, rel=1e-12)
+        assert plan_energy(p, p.predicted_time_s) == pytest.approx(p.predicted_energy_j, rel=1e-12)
+    for a in free.assignments():  # the same assignment: no dearer without switches, dearer with them
+        again = priced.model.assess(a.choice)
+        n = int(priced.model.switches(a.choice).sum())
+        assert a.time_s <= again.time_s <= a.time_s + n * switch_s + 1e-12
+        if n == 0:
+            assert (again.time_s, again.energy_j) == (a.time_s, a.energy_j)
+
+
+def test_switches_count_clock_changes_in_each_stages_order():
+    """Forwards at one clock, backwards at another: on each 1F1B stage a switch precedes the first
+    backward and, iterations repeating, the first forward; the steady state alternates F and B."""
+    from kareus.compose import CostModel
+
+    dag = pipeline_dag("1f1b", 2, 3)
+    opts = {(s, d): [InstructionOption(0.01, 1.0, 1410 if d is F else 1200, {})] for s in range(2) for d in (F, B)}
+    model = CostModel(dag, opts, 75.0, 1, 2, clock_switch_s=0.001)
+    choice = (0,) * len(dag)
+    # stage 0 runs F0 F1 B0 F2 B1 B2 (4 changes, the cyclic one B2 -> F0 included); stage 1 alternates
+    # F B F B F B (6 changes)
+    assert int(model.switches(choice).sum()) == 10
+    plan = make_plans(IterationFrontier.from_assignments([model.assess(choice)], model, "kareus"),
+                      config_hash="h", hardware="sim")[0]
+    assert plan.switches == 10 and [st.switches(plan) for st in plan.stages] == [4, 6]
+    free = CostModel(dag, opts, 75.0, 1, 2).assess(choice)
+    assert model.assess(choice).time_s > free.time_s
+    assert simulate_plan(plan).time_s == pytest.approx(model.assess(choice).time_s, rel=1e-12)
 
 
 def test_event_simulation_uses_the_given_durations(plans):

@@ -3,10 +3,14 @@
 Iteration time is the critical path (every instruction starts when its predecessors finish);
 energy = gpus_per_stage x sum of the instructions' dynamic energy
          + static_power_w x (gpus_per_stage x num_stages) x iteration time.
+An instruction whose clock differs from the one before it on its stage (the stage's last one, for
+its first: iterations repeat) starts ``clock_switch_s`` later: the executor drains the device and
+locks the new clock first, while the GPU idles (static power only).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Iterator, Mapping, Sequence
 
 import numpy as np
@@ -40,11 +44,33 @@ class CostModel:
     static_power_w: float
     gpus_per_stage: int
     num_stages: int
+    clock_switch_s: float = 0.0  # GPU idle time of one clock change (hardware.clock_switch_s)
 
     def __post_init__(self) -> None:
         missing = [k for k in self.dag.keys if not self.options.get(k)]
         if missing:
             raise ValueError("no options for instruction(s) " + ", ".join(f"stage {s} {d.value}" for s, d in missing))
+
+    @cached_property
+    def _clock_index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every option's clock in one flat array, each node's offset into it, and each node's
+        predecessor on its stage (cyclic: a stage's first instruction follows its last)."""
+        keys = list(dict.fromkeys(n.key for n in self.dag.nodes))
+        start, flat = {}, []
+        for k in keys:
+            start[k] = len(flat)
+            flat += [o.freq_mhz for o in self.options[k]]
+        offset = np.array([start[n.key] for n in self.dag.nodes])
+        prev = np.arange(len(self.dag))
+        for order in self.dag.stage_order:
+            prev[list(order)] = np.roll(np.asarray(order), 1)
+        return np.asarray(flat), offset, prev
+
+    def switches(self, choice: Sequence[int]) -> np.ndarray:
+        """Per node, whether a clock change precedes it (its stage's previous instruction runs another clock)."""
+        flat, offset, prev = self._clock_index
+        clock = flat[offset + np.asarray(choice, dtype=int)]
+        return clock != clock[prev]
 
     @property
     def total_gpus(self) -> int:
@@ -64,6 +90,8 @@ class CostModel:
         return self.assess_arrays(tuple(int(c) for c in choice), t, e)
 
     def assess_arrays(self, choice: tuple[int, ...], durations: np.ndarray, energies: np.ndarray) -> Assignment:
+        if self.clock_switch_s:
+            durations = durations + self.clock_switch_s * self.switches(choice)
         makespan = float(critical_path(self.dag, durations)[1].max())
         dyn = float(np.sum(energies)) * self.gpus_per_stage
         static = self.static_power_w * self.total_gpus * makespan
@@ -94,12 +122,13 @@ def critical_path(dag: PipelineDAG, durations: np.ndarray) -> tuple[np.ndarray, 
 
 
 def fixed_option_iteration(dag: PipelineDAG, options: Mapping[OptionKey, InstructionOption], static_power_w: float,
-                           gpus_per_stage: int, num_stages: int) -> Assignment:
+                           gpus_per_stage: int, num_stages: int, clock_switch_s: float = 0.0) -> Assignment:
     """Time and energy when every instruction of a (stage, direction) runs one fixed option.
 
     Used for the Megatron reference point (sequential, top clock, default comm SMs) and plan checks.
     """
-    model = CostModel(dag, {k: [o] for k, o in options.items()}, static_power_w, gpus_per_stage, num_stages)
+    model = CostModel(dag, {k: [o] for k, o in options.items()}, static_power_w, gpus_per_stage, num_stages,
+                      clock_switch_s)
     return model.assess((0,) * len(dag))
 
 

@@ -111,14 +111,16 @@ class KareusComposer:
 
     def compose(self, dag: PipelineDAG, options: Options, static_power_w: float, gpus_per_stage: int,
                 num_stages: int, deadlines: Sequence[float] = (),
-                energy_budgets: Sequence[float] = ()) -> IterationFrontier:
+                energy_budgets: Sequence[float] = (), clock_switch_s: float = 0.0) -> IterationFrontier:
         """The iteration frontier; ``deadlines`` are times a plan is asked for (a user's deadline, a
         time to compare at): each gets a solve of its own, so the frontier has its best point right
         at it, not only at the sweep's evenly spaced times. ``energy_budgets`` (joules per iteration)
         get a bisection on the deadline between the fastest plan and the fastest one found within
-        the budget, so the frontier has the fastest plan the rounding finds at that energy."""
+        the budget, so the frontier has the fastest plan the rounding finds at that energy.
+        ``clock_switch_s`` (see :class:`CostModel`) is left out of the LP and the rounding, and
+        priced into every point found."""
         start = time.perf_counter()
-        model = CostModel(dag, options, static_power_w, gpus_per_stage, num_stages)
+        model = CostModel(dag, options, static_power_w, gpus_per_stage, num_stages, clock_switch_s)
         tables = _tables(options)
         node_tab = [tables[n.key] for n in dag.nodes]
         fast = np.array([tb.t[0] for tb in node_tab])

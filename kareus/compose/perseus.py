@@ -105,9 +105,10 @@ class PerseusComposer:
 
     def compose(self, dag: PipelineDAG, options: Options, static_power_w: float, gpus_per_stage: int,
                 num_stages: int, deadlines: Sequence[float] = (),
-                energy_budgets: Sequence[float] = ()) -> IterationFrontier:
+                energy_budgets: Sequence[float] = (), clock_switch_s: float = 0.0) -> IterationFrontier:
         """lowtime's frontier, traced step by step from the fastest plan; ``deadlines`` (times a plan
-        is asked for) and ``energy_budgets`` add nothing: every step it takes is a point already."""
+        is asked for) and ``energy_budgets`` add nothing: every step it takes is a point already.
+        ``clock_switch_s`` is priced into every point, not into lowtime's walk."""
         import networkx as nx
         from lowtime.graph_utils import add_sink_node, add_source_node
         from lowtime.operation import CandidateExecutionOptions, ExecutionOption, OperationSpec
@@ -116,7 +117,7 @@ class PerseusComposer:
 
         logging.getLogger("lowtime").setLevel(logging.WARNING)
         start = time.perf_counter()
-        model = CostModel(dag, options, static_power_w, gpus_per_stage, num_stages)
+        model = CostModel(dag, options, static_power_w, gpus_per_stage, num_stages, clock_switch_s)
         specs = {}
         self.hull_fallbacks = 0
         for key in dag.keys:

@@ -27,6 +27,7 @@ class GPUSpec:
     gpus_per_node: int = 8
     max_comm_sms: int = 32  # the largest SM count a comm kernel is given in the search space
     default_comm_sms: int = 16  # what the comm library uses untuned: the Megatron reference's SM count
+    clock_switch_s: float = 0.0  # GPU idle time per clock change between instructions (device drain + lock)
 
     def clocks(self, step_mhz: int | None = None, min_mhz: int | None = None, max_mhz: int | None = None) -> list[int]:
         """Supported locked SM clocks, high to low is not implied: ascending order."""

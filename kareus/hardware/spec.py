@@ -30,6 +30,9 @@ class GPUConfig:
     # The comm library's untuned SM count (NCCL's default channel count for NVLink all-reduce,
     # one CTA per channel): the Megatron reference point runs with it.
     default_comm_sms: int = 16
+    # GPU idle time per clock change between pipeline instructions (the executor drains the device,
+    # then locks the next clock), priced into every plan's predicted time; 0: not priced
+    clock_switch_s: float = 0.0
 
     def real_clock(self) -> bool:
         """Whether this backend runs on a physical GPU whose clock a frequency controller must lock."""
@@ -49,7 +52,7 @@ class GPUConfig:
         if not 0 < self.default_comm_sms <= self.max_comm_sms:
             problems.append(f"hardware.default_comm_sms: must be in 1..max_comm_sms={self.max_comm_sms}, "
                             f"got {self.default_comm_sms}")
-        problems += out_of_bounds(self, "hardware.", nonnegative=("static_power_w", "idle_power_w"),
+        problems += out_of_bounds(self, "hardware.", nonnegative=("static_power_w", "idle_power_w", "clock_switch_s"),
                                   positive=("tdp_w", "memory_gb", "hbm_gbps", "nvlink_gbps", "network_gbps",
                                             "peak_tflops", "gpus_per_node"))
         if problems:
@@ -60,4 +63,5 @@ class GPUConfig:
             memory_gb=self.memory_gb, hbm_gbps=self.hbm_gbps, nvlink_gbps=self.nvlink_gbps,
             network_gbps=self.network_gbps, peak_tflops=self.peak_tflops, gpus_per_node=self.gpus_per_node,
             max_comm_sms=self.max_comm_sms, default_comm_sms=self.default_comm_sms,
+            clock_switch_s=self.clock_switch_s,
         )

@@ -166,7 +166,8 @@ def compose(ctx: RunContext, results: Sequence[SearchResult], fixed: FixedWork) 
     gpus_per_stage = p.tp * p.cp * p.dp
     P = float(ctx.gpu.static_power_w)
     composer = COMPOSERS.build(str(ctx.cfg.compose.name), config=ctx.typed["compose"])
-    ref_point = fixed_option_iteration(dag, ref_options, P, gpus_per_stage, p.pp)
+    switch_s = float(ctx.gpu.clock_switch_s)
+    ref_point = fixed_option_iteration(dag, ref_options, P, gpus_per_stage, p.pp, switch_s)
     # the times plans are asked for get solves of their own: the user's deadline, Megatron's time and
     # (below) each Perseus point's, so plan selection and the equal-time comparison are exact there;
     # Perseus gets the same solves at the user's deadline and Megatron's time, or the saving quoted
@@ -174,11 +175,12 @@ def compose(ctx: RunContext, results: Sequence[SearchResult], fixed: FixedWork) 
     asked = [t for t in (ctx.typed["plan"].deadline_s, ref_point.time_s) if t is not None]
     perseus = None
     if fixed.perseus:
-        perseus = composer.compose(dag, perseus_options, P, gpus_per_stage, p.pp, deadlines=asked)
+        perseus = composer.compose(dag, perseus_options, P, gpus_per_stage, p.pp, deadlines=asked,
+                                   clock_switch_s=switch_s)
         asked += [a.time_s for a in perseus.frontier]
     budget = ctx.typed["plan"].energy_budget_j  # an energy budget gets a bisection of its own
     frontier = composer.compose(dag, options, P, gpus_per_stage, p.pp, deadlines=asked,
-                                energy_budgets=[budget] if budget is not None else [])
+                                energy_budgets=[budget] if budget is not None else [], clock_switch_s=switch_s)
     if perseus is not None:
         # Perseus' plans are Kareus plans too: its points join the frontier, their choices index its options
         perseus = perseus.in_options_of(frontier.model)

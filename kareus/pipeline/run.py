@@ -156,14 +156,18 @@ def _compose_and_plan(ctx: RunContext, console: Console, backend: Any, results: 
         tracker.log_plan(outputs["plan_selected"])
         metrics = summary_metrics(selected.predicted_time_s, selected.predicted_energy_j, ref_t, ref_e, profiled,
                                   gpu_seconds, simulated=ctx.simulated)  # the searches', as printed
-        tracker.log_summary(metrics)
+        switches = selected.switches
+        tracker.log_summary({**metrics, "plan.clock_switches": switches})
         out["selected"] = {"time_s": selected.predicted_time_s, "energy_j": selected.predicted_energy_j,
                            "time_saving_pct": 100 * (1 - selected.predicted_time_s / ref_t),
-                           "energy_saving_pct": 100 * (1 - selected.predicted_energy_j / ref_e)}
+                           "energy_saving_pct": 100 * (1 - selected.predicted_energy_j / ref_e),
+                           "clock_switches": switches}
         s = out["selected"]
         console.print(f"selected plan ({_selection_rule(ctx.typed['plan'])}): {s['time_s']:.4f} s, "
                       f"{s['energy_j']:.1f} J per iteration; against Megatron {s['time_saving_pct']:+.1f}% time "
-                      f"and {s['energy_saving_pct']:+.1f}% energy saved ({label})")
+                      f"and {s['energy_saving_pct']:+.1f}% energy saved ({label}); {switches} clock switches "
+                      f"per iteration over {selected.num_stages} stages, "
+                      f"{_switch_pricing(selected.clock_switch_s)}")
         console.print(f"run directory: {ctx.run_dir}")
     if selection_error is not None:
         out["selection_error"] = selection_error
@@ -198,6 +202,13 @@ def _against_perseus(ctx: RunContext, console: Console, comp: Any, plans: list, 
                           "is Megatron's reference alone")
         s[gpu_hours_name(ctx.simulated)] = gpu_seconds / 3600.0
     return s
+
+
+def _switch_pricing(clock_switch_s: float) -> str:
+    """How the plan's predicted time treats its clock switches."""
+    if clock_switch_s:
+        return f"{1e3 * clock_switch_s:.3g} ms each in its time"
+    return "not priced (hardware.clock_switch_s=0)"
 
 
 def _selection_rule(plan: Any) -> str:

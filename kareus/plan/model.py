@@ -38,6 +38,15 @@ class StagePlan:
     stage: int
     instructions: tuple[InstructionPlan, ...]
 
+    def switches(self, plan: "ExecutionPlan") -> int:
+        """Clock changes per iteration on this stage, in the schedule's order (cyclic: iterations repeat)."""
+        from kareus.registry import SCHEDULES
+
+        order = SCHEDULES.build(plan.schedule, config={"name": plan.schedule}).stage_order(
+            self.stage, plan.num_stages, plan.num_microbatches)
+        clocks = [plan.instruction(i.stage, i.microbatch, i.direction).freq_mhz for i in order]
+        return sum(a != b for a, b in zip(clocks, clocks[-1:] + clocks[:-1]))
+
 
 @dataclass(frozen=True)
 class ExecutionPlan:
@@ -55,6 +64,12 @@ class ExecutionPlan:
     predicted_energy_j: float
     predicted_dynamic_energy_j: float
     stages: tuple[StagePlan, ...]
+    clock_switch_s: float = 0.0  # GPU idle time per clock change, priced into the predicted time
+
+    @property
+    def switches(self) -> int:
+        """Clock changes per iteration over all stages (a stage's first instruction follows its last)."""
+        return sum(st.switches(self) for st in self.stages)
 
     def instruction(self, stage: int, microbatch: int, direction: Direction | str) -> InstructionPlan:
         """The plan entry covering one instruction (KeyError if the plan does not cover it)."""
@@ -103,10 +118,7 @@ def make_plans(frontier: IterationFrontier, partitioning: Partitioning | Sequenc
             schedule=dag.schedule, index=index, num_stages=dag.num_stages, num_microbatches=dag.num_microbatches,
             gpus_per_stage=int(frontier.model.gpus_per_stage), static_power_w=float(frontier.model.static_power_w),
             predicted_time_s=float(a.time_s), predicted_energy_j=float(a.energy_j),
-            predicted_dynamic_energy_j=float(a.dynamic_energy_j), stages=tuple(stages)))
+            predicted_dynamic_energy_j=float(a.dynamic_energy_j), stages=tuple(stages),
+            clock_switch_s=float(frontier.model.clock_switch_s)))
     return plans
 
-
-def plan_durations(plan: ExecutionPlan, nodes: Sequence) -> list[float]:
-    """Per DAG node (objects with stage, microbatch, direction), the plan's predicted duration."""
-    return [plan.instruction(n.stage, n.microbatch, n.direction).time_s for n in nodes]

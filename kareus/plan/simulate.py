@@ -46,6 +46,8 @@ def simulate_plan(plan: ExecutionPlan, duration: Optional[Duration] = None) -> S
     start: dict = {}
     finish: dict = {}
     events: list[tuple[float, int, int]] = []  # (time, stage, queue position)
+    # each stage's clock as the previous iteration left it: its last instruction's
+    locked = [plan.instruction(q[-1].stage, q[-1].microbatch, q[-1].direction).freq_mhz for q in queues]
     now = 0.0
 
     def try_start(s: int) -> None:
@@ -57,6 +59,9 @@ def simulate_plan(plan: ExecutionPlan, duration: Optional[Duration] = None) -> S
         key = (ins.stage, ins.microbatch, ins.direction.value)
         entry = plan.instruction(ins.stage, ins.microbatch, ins.direction)
         dt = entry.time_s if duration is None else float(duration(entry, ins.microbatch))
+        if entry.freq_mhz != locked[s]:  # the executor drains the device and locks the new clock first
+            dt += plan.clock_switch_s
+        locked[s] = entry.freq_mhz
         start[key] = now
         busy[s] = True
         heapq.heappush(events, (now + dt, s, head[s]))
