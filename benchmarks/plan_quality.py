@@ -73,7 +73,7 @@ def exhaustive_inputs(ctx, label: str, run_dir: Path):
     backend = make_backend(ctx)
     space_cfg = ctx.typed["search"].space
     truths = [se.measure_space(label, backend, t, build_space(t, ctx.gpu, space_cfg)) for t in ctx.partitioning.types]
-    results = [REG.build("exhaustive", config={"seed": 0, "budget": len(t.space)}).run(se.problem(t, len(t.space), 0))
+    results = [REG.build("exhaustive", config={"seed": 0}).run(se.problem(t, len(t.space), 0))
                for t in truths]
     journal = Journal.open(journal_path_for(run_dir), ctx.config_hash)
     try:

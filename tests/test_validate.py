@@ -460,3 +460,14 @@ def test_user_model_with_missing_keys_is_reported_not_raised(tmp_path):
     for key in ("ffn_hidden_size", "num_attention_heads", "num_kv_heads", "head_dim", "vocab_size"):
         assert [p for p in got if p.startswith(f"model.{key}")], got
 
+
+
+def test_exhaustive_refuses_a_budget_it_would_ignore():
+    """search=exhaustive profiles every candidate: a budget beside it would be reported (progress bar,
+    MLflow) but not kept, so it is refused; its own default (the whole space) passes."""
+    assert problems("search=exhaustive") == []
+    assert problems("search=exhaustive", "search.budget=10") == [
+        "search.budget: search=exhaustive profiles every candidate, so it takes no budget (got 10); drop it, "
+        "or pick a searcher that uses one"]
+    assert problems("search=exhaustive", "search.budget_frac=0.5") == [
+        "search.budget_frac: search=exhaustive profiles the whole space (1.0), got 0.5"]

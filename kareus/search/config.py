@@ -32,7 +32,7 @@ class SearcherConfig:
     budget: int | None = None
     budget_frac: float | None = 0.15
     batch_size: int = 32
-    initial: int | None = None  # initial design size; None: min(batch_size, max(6, budget // 4))
+    initial: int | None = None  # initial design size; None: min(32, max(6, budget // 4), budget), whatever batch_size
     min_rounds: int = 5  # batches shrink below batch_size so that the guided phase has this many rounds
     space: SpaceConfig = field(default_factory=SpaceConfig)
 
@@ -118,10 +118,20 @@ class ArtifactConfig(SearcherConfig):
 
 @dataclass
 class ExhaustiveConfig(SearcherConfig):
-    """Profile everything: the ground truth (budget ignored)."""
+    """Profile everything: the ground truth. A budget is refused rather than ignored, or the progress
+    bar and MLflow would report it beside a search that profiled the whole space."""
 
     name: str = "exhaustive"
     budget_frac: float | None = 1.0
+
+    def problems(self, ctx: Any = None) -> list[str]:
+        out = super().problems(ctx)
+        if self.budget is not None:
+            out.append(f"search.budget: search=exhaustive profiles every candidate, so it takes no budget "
+                       f"(got {self.budget}); drop it, or pick a searcher that uses one")
+        if self.budget_frac is not None and self.budget_frac != 1.0:
+            out.append(f"search.budget_frac: search=exhaustive profiles the whole space (1.0), got {self.budget_frac}")
+        return out
 
 
 @dataclass

@@ -156,10 +156,11 @@ class OptunaSearcher:
             run.evaluate(new, [{"pass": label} for _ in new])
             for tr, i in trials:
                 m = run.measured.get(i)
-                if m is None:  # over budget within this batch
+                worst = run.objectives()[:, :2].max(axis=0) if m is not None and m.failed and run.ok() else None
+                if m is None or (m.failed and worst is None):  # over budget in this batch; nothing to penalise with
                     study.tell(tr, state=optuna.trial.TrialState.FAIL)
-                elif m.failed:
-                    study.tell(tr, state=optuna.trial.TrialState.FAIL)
+                elif m.failed:  # the worst measured time and energy, as MBO fits a failure: told FAIL, the
+                    study.tell(tr, [float(v) for v in worst])  # samplers leave it out and keep suggesting its region
                 else:
                     study.tell(tr, [m.time_s, m.energy_j])
             if new or first:
