@@ -105,6 +105,20 @@ def test_partition_listener_logs_candidates_batches_frontier_and_plots(store, cl
     hv = client.get_metric_history(listener.run_id, "hypervolume")
     assert sorted(m.step for m in hv) == [4, 8, 12]
     assert [m.value for m in sorted(hv, key=lambda m: m.step)] == sorted(m.value for m in hv)  # never falls
+    # the same curve against the final reference (1.1 x the maxima of every measurement, as the terminal
+    # and search_summary.json state it), so its last point is the search's reported hypervolume
+    from kareus.frontier import hypervolume_2d
+    from kareus.search.common import reference_point
+
+    ok = [e.measurement for e in events if type(e).__name__ == "CandidateMeasured" and not e.measurement.failed]
+    ref = reference_point([m.time_s for m in ok], [m.energy_j for m in ok])
+    at_final = sorted(client.get_metric_history(listener.run_id, "hypervolume_at_final_reference"),
+                      key=lambda m: m.step)
+    assert [m.step for m in at_final] == [4, 8, 12]
+    assert at_final[-1].value == pytest.approx(hypervolume_2d([m.time_s for m in ok], [m.energy_j for m in ok], ref))
+    early = [e.measurement for e in events
+             if type(e).__name__ == "CandidateMeasured" and e.index < 4 and not e.measurement.failed]
+    assert at_final[0].value == pytest.approx(hypervolume_2d([m.time_s for m in early], [m.energy_j for m in early], ref))
 
     files = _artifacts(client, listener.run_id)
     assert {"candidates.csv", "candidates.json", "frontier.csv", "frontier.json", "plots/frontier.png",
