@@ -399,6 +399,15 @@ def test_mlflows_retired_file_store_is_refused_and_other_stores_pass(uri, refuse
     assert bool(lines) == refused and all(line.startswith("tracking.uri: MLflow's file store is retired") for line in lines)
 
 
+@pytest.mark.parametrize("uri", ["htp://localhost:5000", "foo://x", "sqlit:///runs/mlflow.db"])
+def test_a_mistyped_store_scheme_is_one_line_before_anything_runs(uri):
+    """MLflow raised on an unknown scheme at the first write, with a traceback, after the run directory existed."""
+    assert TrackingConfig(uri="postgresql+psycopg2://u@h/db").problems() == []
+    assert TrackingConfig(uri=uri).problems() == [
+        f"tracking.uri: unsupported scheme {uri.split(':')[0]!r} in {uri!r}; allowed: sqlite, postgresql, mysql, mssql, "
+        "http, https, databricks, databricks-uc, uc (a database may name its driver: postgresql+psycopg2)"]
+
+
 def test_a_signal_during_an_mlflow_write_lands_after_it_even_with_other_threads_running():
     """The kernel may hand the signal to any thread; the write still finishes before the handler runs."""
     import os

@@ -43,10 +43,17 @@ class TrackingConfig:
             # a folder, a file: URI or a Windows path (c:\\...); "databricks" is MLflow's name for a workspace
             out.append("tracking.uri: MLflow's file store is retired; use a database such as "
                        f"sqlite:///runs/mlflow.db or a server http://HOST:PORT, got {uri!r}")
+        elif uri != "databricks" and urlparse(uri).scheme.split("+")[0] not in TRACKING_SCHEMES:
+            # MLflow would raise at the first write, after the run directory exists
+            out.append(f"tracking.uri: unsupported scheme {urlparse(uri).scheme!r} in {uri!r}; allowed: "
+                       f"{', '.join(TRACKING_SCHEMES)} (a database may name its driver: postgresql+psycopg2)")
         if not str(self.experiment or "").strip():
             out.append(f"tracking.experiment: must name an MLflow experiment (default kareus), got {self.experiment!r}")
         return out
 
+
+# MLflow's tracking stores (mlflow.tracking's store registry, plugins aside)
+TRACKING_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks", "databricks-uc", "uc")
 
 register_schema("tracking", "default", TrackingConfig)
 
