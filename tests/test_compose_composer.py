@@ -255,3 +255,32 @@ def test_perseus_walk_cut_short_still_offers_the_fastest_plan(caplog):
         got = cut.compose(dag, opts, 75.0, 4, 3)
     assert cut.stopped_early and min(got.times) == pytest.approx(min(full.times), rel=1e-9)
     assert "short of the fastest iteration" in caplog.text and "compose.max_steps=2" in caplog.text
+
+
+def test_slack_reclamation_leaves_room_for_the_clock_switches_it_adds():
+    """With hardware.clock_switch_s, slowing instructions off the critical path to other clocks adds
+    switches: the reverse sweep makes room for them, so the fastest iteration stays the fastest and
+    still gets cheaper, and the composer's fastest plan is cheaper than every instruction at its
+    fastest option."""
+    from kareus.compose.lp import _reclaim, _Switching, _tables
+    from kareus.compose.synthetic import synthetic_options
+
+    dag, opts = pipeline_dag("1f1b", 3, 6), synthetic_options(3, seed=4)
+    tables = _tables(opts)
+    node_tab = [tables[n.key] for n in dag.nodes]
+    fastest = np.zeros(len(dag), dtype=int)
+    for switch_s in (0.001, 0.005):
+        model = CostModel(dag, opts, 75.0, 4, 3, switch_s)
+
+        def priced(pos):
+            return model.assess(tuple(int(tb.idx[p]) for tb, p in zip(node_tab, pos)))
+
+        base = priced(fastest)
+        slowed = _reclaim(dag, node_tab, fastest, None, _Switching.of(dag, switch_s))
+        assert model.switches(priced(slowed).choice).any()  # it did change clocks
+        assert priced(slowed).time_s == pytest.approx(base.time_s, rel=1e-12)
+        assert priced(slowed).energy_j < base.energy_j
+        frontier = KareusComposer(KareusComposerConfig(num_deadlines=6)).compose(dag, opts, 75.0, 4, 3,
+                                                                                 clock_switch_s=switch_s)
+        assert min(frontier.times) == pytest.approx(base.time_s, rel=1e-12)
+        assert frontier.energies[0] <= priced(slowed).energy_j * (1 + 1e-12)

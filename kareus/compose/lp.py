@@ -69,6 +69,40 @@ class _KeyTable:
     e: np.ndarray
     seg_slope: np.ndarray
     seg_rhs: np.ndarray  # s * t_a - e_a  (row: s*d - e <= rhs)
+    f: np.ndarray  # each option's clock
+
+
+@dataclass(frozen=True)
+class _Switching:
+    """A clock change between consecutive instructions of a stage delays the later one by ``seconds``
+    (see CostModel); ``prev`` and ``nxt`` are each node's neighbours in its stage's order (cyclic)."""
+
+    seconds: float
+    prev: np.ndarray
+    nxt: np.ndarray
+
+    @classmethod
+    def of(cls, dag: PipelineDAG, seconds: float) -> "_Switching | None":
+        if not seconds:
+            return None
+        prev, nxt = np.arange(len(dag)), np.arange(len(dag))
+        for order in dag.stage_order:
+            o = np.asarray(order)
+            prev[o], nxt[o] = np.roll(o, 1), np.roll(o, -1)
+        return cls(float(seconds), prev, nxt)
+
+    def delay(self, clock: float, before: float) -> float:
+        return self.seconds if clock != before else 0.0
+
+
+def _durations(node_tab: Sequence[_KeyTable], pos: np.ndarray,
+               sw: _Switching | None) -> tuple[np.ndarray, np.ndarray]:
+    """Per node, its duration (a clock change before it included) and its clock."""
+    dur = np.array([tb.t[p] for tb, p in zip(node_tab, pos)])
+    clk = np.array([tb.f[p] for tb, p in zip(node_tab, pos)])
+    if sw is not None:
+        dur = dur + sw.seconds * (clk != clk[sw.prev])
+    return dur, clk
 
 
 def lower_hull(t: np.ndarray, e: np.ndarray) -> list[int]:
@@ -91,13 +125,13 @@ def _tables(options: Options) -> dict:
     for key, opts in options.items():
         t_all = np.array([o.time_s for o in opts], float)
         e_all = np.array([o.dynamic_energy_j for o in opts], float)
-        idx = pareto_indices(t_all, e_all)
+        idx = np.asarray(pareto_indices(t_all, e_all), dtype=int)
         t, e = t_all[idx], e_all[idx]
         h = lower_hull(t, e)
         ht, he = t[h], e[h]
         slope = np.diff(he) / np.diff(ht) if len(h) > 1 else np.zeros(0)
         rhs = slope * ht[:-1] - he[:-1]
-        out[key] = _KeyTable(idx, t, e, slope, rhs)
+        out[key] = _KeyTable(idx, t, e, slope, rhs, np.array([opts[j].freq_mhz for j in idx], float))
     return out
 
 
@@ -117,8 +151,9 @@ class KareusComposer:
         at it, not only at the sweep's evenly spaced times. ``energy_budgets`` (joules per iteration)
         get a bisection on the deadline between the fastest plan and the fastest one found within
         the budget, so the frontier has the fastest plan the rounding finds at that energy.
-        ``clock_switch_s`` (see :class:`CostModel`) is left out of the LP and the rounding, and
-        priced into every point found."""
+        ``clock_switch_s`` (see :class:`CostModel`) is left out of the LP, the rounding and the
+        energy descent; the reverse slack reclamation leaves room for the switches it adds (also from
+        every instruction at its fastest option), and every point found is priced with them."""
         start = time.perf_counter()
         model = CostModel(dag, options, static_power_w, gpus_per_stage, num_stages, clock_switch_s)
         tables = _tables(options)
@@ -128,6 +163,7 @@ class KareusComposer:
         t_fast = float(critical_path(dag, fast)[1].max())
         t_slow = float(critical_path(dag, slow)[1].max())
         lp = _LP(dag, node_tab, static_power_w, gpus_per_stage, num_stages)
+        sw = _Switching.of(dag, clock_switch_s)
         results: list[Assignment] = []
         seen: set[tuple[int, ...]] = set()
 
@@ -148,6 +184,20 @@ class KareusComposer:
         evenly = np.linspace(t_best, t_fast, max(2, self.config.num_deadlines)) if t_best > t_fast else [t_fast]
         asked = [float(d) for d in deadlines if t_fast < float(d) < t_best]  # outside: the sweep's ends answer
 
+        def reclaimed(pos: np.ndarray, deadline: float | None) -> None:
+            """``pos``, and ``pos`` with its slack reclaimed: keeping its iteration end, or (with a
+            deadline) using the slack up to it."""
+            add(pos)
+            for target, sweep in itertools.product((None,) if deadline is None else (None, deadline),
+                                                   (_reclaim, _reclaim_forward)):
+                cur = pos
+                for _ in range(self.config.repair_passes):
+                    new = sweep(dag, node_tab, cur, target, sw)
+                    if np.array_equal(new, cur):
+                        break
+                    cur = new
+                    add(cur)
+
         def solve_at(deadline: float) -> None:
             """The relaxed optimum at ``deadline``, rounded to options and its slack reclaimed."""
             sol = lp.solve(deadline)
@@ -157,15 +207,10 @@ class KareusComposer:
             if self.config.nearest_rounding:
                 roundings.append(_round(node_tab, sol[0], nearest=True))
             for pos in roundings:
-                add(pos)
-                for target, sweep in itertools.product((None, deadline), (_reclaim, _reclaim_forward)):
-                    cur = pos  # keep the rounded iteration end, or use the slack up to the deadline
-                    for _ in range(self.config.repair_passes):
-                        new = sweep(dag, node_tab, cur, target)
-                        if np.array_equal(new, cur):
-                            break
-                        cur = new
-                        add(cur)
+                reclaimed(pos, deadline)
+
+        if sw is not None:  # the roundings switch clocks on the critical path, where the fastest plan need not
+            reclaimed(np.zeros(len(dag), dtype=int), None)
 
         for deadline in [*evenly, *sorted(set(asked))]:
             solve_at(float(deadline))
@@ -258,35 +303,71 @@ def _round(node_tab: Sequence[_KeyTable], d: np.ndarray, nearest: bool) -> np.nd
 
 
 def _reclaim(dag: PipelineDAG, node_tab: Sequence[_KeyTable], pos: np.ndarray,
-             makespan: float | None = None) -> np.ndarray:
+             makespan: float | None = None, sw: _Switching | None = None) -> np.ndarray:
     """Slow every node to the cheapest option that fits its window without ending after ``makespan``.
 
     ``makespan`` defaults to the assignment's own iteration time (a pure energy saving).
     Reverse topological sweep: each node ends as late as its successors allow (as-late-as-possible
-    schedule) and may start as early as its predecessors' current earliest finish.
+    schedule) and may start as early as its predecessors' current earliest finish. With clock
+    switches priced (``sw``), an option's duration includes the switch before it, and the stage's
+    next instruction, already placed, moves by the switch the option adds or removes before it; an
+    option may add one only where the next instruction's other placed predecessors still end in time,
+    and never before a stage's first instruction (the wrap from its last).
     """
     pos = pos.copy()
-    dur = np.array([tb.t[p] for tb, p in zip(node_tab, pos)])
+    dur, clk = _durations(node_tab, pos, sw)
     est, eft = critical_path(dag, dur)
     makespan = max(float(eft.max()), makespan or 0.0)
     succs = dag.succs
     late_start = np.empty(len(dag))
+    late_end = np.empty(len(dag))
     for i in range(len(dag) - 1, -1, -1):
-        end = min((late_start[s] for s in succs[i]), default=makespan)
         tb = node_tab[i]
-        window = end - est[i]
-        j = bisect.bisect_right(tb.t, window * (1 + 1e-12)) - 1
-        if j > pos[i]:
-            pos[i] = j
-        late_start[i] = end - tb.t[pos[i]]
+        if sw is None:
+            end = min((late_start[s] for s in succs[i]), default=makespan)
+            j = bisect.bisect_right(tb.t, (end - est[i]) * (1 + 1e-12)) - 1
+            if j > pos[i]:
+                pos[i] = j
+            late_start[i] = end - tb.t[pos[i]]
+            continue
+        nx, before = int(sw.nxt[i]), clk[sw.prev[i]]
+        placed = nx != i and nx in succs[i]  # the stage's next instruction, not the wrap to its first
+        other = min((late_start[s] for s in succs[i] if not (placed and s == nx)), default=makespan)
+        t_nx = node_tab[nx].t[pos[nx]]
+        others_end = max((late_end[p] for p in dag.preds[nx] if p > i), default=-np.inf) if placed else 0.0
+
+        def end_at(clock: float) -> float | None:
+            """Latest end of node i at ``clock``; None where that clock adds a switch it cannot."""
+            if not placed:
+                return None if nx != i and clock != clk[nx] == clk[i] else other
+            nx_start = late_end[nx] - t_nx - sw.delay(clk[nx], clock)
+            if clock != clk[nx] == clk[i] and others_end > nx_start * (1 + 1e-12):
+                return None
+            return min(other, nx_start)
+
+        cap = min(other, late_end[nx] - t_nx) if placed else other  # no option ends later than this
+        j = bisect.bisect_right(tb.t, (cap - est[i]) * (1 + 1e-12)) - 1
+        while j > pos[i]:
+            end = end_at(tb.f[j])
+            if end is not None and tb.t[j] + sw.delay(tb.f[j], before) <= (end - est[i]) * (1 + 1e-12):
+                break
+            j -= 1
+        pos[i] = max(pos[i], j)
+        clk[i] = tb.f[pos[i]]
+        if placed:
+            late_start[nx] = late_end[nx] - t_nx - sw.delay(clk[nx], clk[i])
+        late_end[i] = min(other, late_start[nx]) if placed else other
+        late_start[i] = late_end[i] - tb.t[pos[i]] - sw.delay(clk[i], before)
     return pos
 
 
 def _reclaim_forward(dag: PipelineDAG, node_tab: Sequence[_KeyTable], pos: np.ndarray,
-                     makespan: float | None = None) -> np.ndarray:
-    """Like :func:`_reclaim`, but earlier instructions take the slack first (topological sweep)."""
+                     makespan: float | None = None, sw: _Switching | None = None) -> np.ndarray:
+    """Like :func:`_reclaim`, but earlier instructions take the slack first (topological sweep).
+    With clock switches priced, a node keeps its stage neighbours' clocks where it shares them (a
+    switch added here would land on instructions whose windows are already set)."""
     pos = pos.copy()
-    dur = np.array([tb.t[p] for tb, p in zip(node_tab, pos)])
+    dur, clk = _durations(node_tab, pos, sw)
     finish = critical_path(dag, dur)[1]
     end_all = max(float(finish.max()), makespan or 0.0)
     succs = dag.succs
@@ -297,10 +378,15 @@ def _reclaim_forward(dag: PipelineDAG, node_tab: Sequence[_KeyTable], pos: np.nd
     for i, ps in enumerate(dag.preds):
         start = max((new_finish[p] for p in ps), default=0.0)
         tb = node_tab[i]
-        j = bisect.bisect_right(tb.t, (latest_finish[i] - start) * (1 + 1e-12)) - 1
+        own = dur[i] - tb.t[pos[i]]  # the switch before it, if any
+        j = bisect.bisect_right(tb.t, (latest_finish[i] - start - own) * (1 + 1e-12)) - 1
+        if sw is not None:
+            keep = {clk[n] for n in (sw.prev[i], sw.nxt[i]) if n != i and clk[n] == clk[i]}
+            while j > pos[i] and keep and tb.f[j] not in keep:
+                j -= 1
         if j > pos[i]:
             pos[i] = j
-        new_finish[i] = start + tb.t[pos[i]]
+        new_finish[i] = start + tb.t[pos[i]] + own
     return pos
 
 
