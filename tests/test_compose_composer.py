@@ -248,11 +248,13 @@ def test_perseus_walk_cut_short_still_offers_the_fastest_plan(caplog):
     max_throughput is not the walk's slow end) and the shortfall is a warning."""
     from kareus.compose.synthetic import synthetic_options
 
-    dag, opts = pipeline_dag("1f1b", 3, 4), synthetic_options(3, seed=4)
-    full = COMPOSERS.build("perseus", config={"name": "perseus"}).compose(dag, opts, 75.0, 4, 3)
+    dag, opts = pipeline_dag("1f1b", 4, 8), synthetic_options(4, seed=4)
+    with caplog.at_level("WARNING", logger="kareus.compose.perseus"):  # a whole walk, a few quanta short
+        full = COMPOSERS.build("perseus", config={"name": "perseus"}).compose(dag, opts, 75.0, 4, 4)
+    assert "short of the fastest" not in caplog.text
     cut = COMPOSERS.build("perseus", config={"name": "perseus", "max_steps": 2})
     with caplog.at_level("WARNING", logger="kareus.compose.perseus"):
-        got = cut.compose(dag, opts, 75.0, 4, 3)
+        got = cut.compose(dag, opts, 75.0, 4, 4)
     assert cut.stopped_early and min(got.times) == pytest.approx(min(full.times), rel=1e-9)
     assert "short of the fastest iteration" in caplog.text and "compose.max_steps=2" in caplog.text
 
