@@ -9,6 +9,8 @@ from typing import Any
 # Sections that change what is measured or which candidates are chosen. Display, tracking, the
 # launcher and the later composition/plan stages may change freely between a run and its resume.
 MEASURED_SECTIONS = ("model", "parallel", "hardware", "partitioner", "profiler", "search", "seed")
+# keys of those sections that only price plans (composition), not measurements
+UNMEASURED_KEYS = {"hardware": ("clock_switch_s",)}
 
 
 def stable_hash(obj: Any) -> str:
@@ -28,4 +30,10 @@ def config_hash(cfg: Any) -> str:
     from omegaconf import DictConfig, OmegaConf
 
     container = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True) if isinstance(cfg, DictConfig) else cfg
-    return stable_hash({k: container.get(k) for k in MEASURED_SECTIONS})
+    measured = {}
+    for k in MEASURED_SECTIONS:
+        section = container.get(k)
+        if isinstance(section, dict) and k in UNMEASURED_KEYS:
+            section = {key: v for key, v in section.items() if key not in UNMEASURED_KEYS[k]}
+        measured[k] = section
+    return stable_hash(measured)
