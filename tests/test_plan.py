@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 
 import pytest
 
@@ -50,7 +51,7 @@ def test_one_plan_per_frontier_point_with_predictions(frontier, plans):
     assert len(plans) == len(frontier) > 3
     for p, point in zip(plans, frontier):
         assert (p.predicted_time_s, p.predicted_energy_j) == (point.time_s, point.energy_j)
-        assert p.config_hash == "abc123" and p.hardware == "sim:a100" and p.schema_version == 1
+        assert p.config_hash == "abc123" and p.hardware == "sim:a100" and p.schema_version == 2
         for s in range(S):
             for d in (F, B):
                 covered = sorted(m for ins in p.stages[s].instructions if ins.direction == d.value
@@ -130,7 +131,7 @@ def test_round_trip(tmp_path, plans):
 
 
 @pytest.mark.parametrize("mutate,match", [
-    (lambda t: t.replace("schema_version: 1", "schema_version: 99"), "schema_version 99"),
+    (lambda t: t.replace("schema_version: 2", "schema_version: 99"), "schema_version 99"),
     (lambda t: t.replace("hardware: sim:a100", "hardware: sim:a100\nextra: 1"), "unknown key"),
     (lambda t: t.replace("num_stages: 3", "num_stages: three"), "num_stages: expected an integer"),
     (lambda t: t.replace("config_hash: abc123\n", ""), "missing key 'config_hash'"),
@@ -143,6 +144,22 @@ def test_bad_plan_files_fail_clearly(tmp_path, plans, mutate, match):
     path = save_plan(plans[0], tmp_path / "p.yaml")
     path.write_text(mutate(path.read_text()))
     with pytest.raises(PlanFormatError, match=match):
+        load_plan(path)
+
+
+def test_a_version_1_plan_file_loads_with_its_switches_unpriced(tmp_path, plans):
+    """Plans written before clock_switch_s (schema_version 1) still load, as plans whose predicted
+    time prices no switch; a version 1 file with the new key is refused."""
+    path = save_plan(plans[0], tmp_path / "p.yaml")
+    text = path.read_text()
+    assert "schema_version: 2" in text and "clock_switch_s: 0.0" in text
+    old = text.replace("schema_version: 2", "schema_version: 1").replace("clock_switch_s: 0.0\n", "")
+    path.write_text(old)
+    loaded = load_plan(path)
+    assert loaded.schema_version == 1 and loaded.clock_switch_s == 0.0
+    assert dataclasses.replace(loaded, schema_version=2) == plans[0]
+    path.write_text(text.replace("schema_version: 2", "schema_version: 1"))
+    with pytest.raises(PlanFormatError, match="schema_version 1 has none"):
         load_plan(path)
 
 

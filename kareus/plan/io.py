@@ -13,6 +13,9 @@ from typing import Any
 
 from kareus.plan.model import SCHEMA_VERSION, ExecutionPlan, InstructionPlan, PartitionSetting, StagePlan
 
+# version 1 plans have no clock_switch_s: they load as plans whose switches were not priced
+READABLE_VERSIONS = (1, SCHEMA_VERSION)
+
 
 class PlanFormatError(ValueError):
     """A plan file that is not a valid plan of this schema version."""
@@ -73,9 +76,12 @@ def _value(tp: Any, v: Any, where: str) -> Any:
 
 
 def plan_from_dict(data: Any, where: str = "plan") -> ExecutionPlan:
-    if isinstance(data, dict) and data.get("schema_version") != SCHEMA_VERSION:
-        raise PlanFormatError(f"{where}: schema_version {data.get('schema_version')!r} is not supported "
-                              f"(expected {SCHEMA_VERSION})")
+    version = data.get("schema_version") if isinstance(data, dict) else None
+    if isinstance(data, dict) and version not in READABLE_VERSIONS:
+        raise PlanFormatError(f"{where}: schema_version {version!r} is not supported "
+                              f"(expected one of {', '.join(map(str, READABLE_VERSIONS))})")
+    if version == 1 and "clock_switch_s" in data:
+        raise PlanFormatError(f"{where}: unknown key(s) clock_switch_s (schema_version 1 has none; 2 does)")
     plan = _check(ExecutionPlan, data, where)
     if len(plan.stages) != plan.num_stages:
         raise PlanFormatError(f"{where}: {len(plan.stages)} stages listed, num_stages is {plan.num_stages}")

@@ -11,7 +11,7 @@ from typing import Sequence
 from kareus.compose.iteration import IterationFrontier
 from kareus.types import Direction, Partitioning
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: clock_switch_s
 
 
 @dataclass(frozen=True)
