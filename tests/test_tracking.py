@@ -403,6 +403,7 @@ def test_mlflows_retired_file_store_is_refused_and_other_stores_pass(uri, refuse
 def test_a_mistyped_store_scheme_is_one_line_before_anything_runs(uri):
     """MLflow raised on an unknown scheme at the first write, with a traceback, after the run directory existed."""
     assert TrackingConfig(uri="postgresql+psycopg2://u@h/db").problems() == []
+    assert all(TrackingConfig(uri=bare).problems() == [] for bare in ("databricks", "databricks-uc", "uc"))
     assert TrackingConfig(uri=uri).problems() == [
         f"tracking.uri: unsupported scheme {uri.split(':')[0]!r} in {uri!r}; allowed: sqlite, postgresql, mysql, mssql, "
         "http, https, databricks, databricks-uc, uc (a database may name its driver: postgresql+psycopg2)"]
@@ -434,3 +435,19 @@ def test_a_signal_during_an_mlflow_write_lands_after_it_even_with_other_threads_
     finally:
         stop.set()
     assert steps == ["begin", "end"]
+
+
+def test_a_tracking_store_plugins_scheme_is_accepted(monkeypatch):
+    """MLflow plugins register stores under the "mlflow.tracking_store" entry points: their schemes pass."""
+    import importlib.metadata
+    from types import SimpleNamespace
+
+    real = importlib.metadata.entry_points
+
+    def fake(**kw):
+        return [SimpleNamespace(name="mystore")] if kw.get("group") == "mlflow.tracking_store" else real(**kw)
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", fake)
+    assert TrackingConfig(uri="mystore://bucket/runs").problems() == []
+    assert TrackingConfig(uri="otherstore://x").problems()[0].endswith(
+        "http, https, databricks, databricks-uc, uc, mystore (a database may name its driver: postgresql+psycopg2)")

@@ -39,21 +39,30 @@ class TrackingConfig:
         if not uri:
             out.append("tracking.uri: empty; give a store (default sqlite:///runs/mlflow.db) or a server "
                        "http://HOST:PORT, or set tracking.enabled=false")
-        elif uri != "databricks" and (urlparse(uri).scheme in ("", "file") or len(urlparse(uri).scheme) == 1):
+        elif uri not in BARE_STORES and (urlparse(uri).scheme in ("", "file") or len(urlparse(uri).scheme) == 1):
             # a folder, a file: URI or a Windows path (c:\\...); "databricks" is MLflow's name for a workspace
             out.append("tracking.uri: MLflow's file store is retired; use a database such as "
                        f"sqlite:///runs/mlflow.db or a server http://HOST:PORT, got {uri!r}")
-        elif uri != "databricks" and urlparse(uri).scheme.split("+")[0] not in TRACKING_SCHEMES:
+        elif uri not in BARE_STORES and urlparse(uri).scheme.split("+")[0] not in tracking_schemes():
             # MLflow would raise at the first write, after the run directory exists
             out.append(f"tracking.uri: unsupported scheme {urlparse(uri).scheme!r} in {uri!r}; allowed: "
-                       f"{', '.join(TRACKING_SCHEMES)} (a database may name its driver: postgresql+psycopg2)")
+                       f"{', '.join(tracking_schemes())} (a database may name its driver: postgresql+psycopg2)")
         if not str(self.experiment or "").strip():
             out.append(f"tracking.experiment: must name an MLflow experiment (default kareus), got {self.experiment!r}")
         return out
 
 
-# MLflow's tracking stores (mlflow.tracking's store registry, plugins aside)
+# MLflow's own tracking stores; plugins add theirs through the "mlflow.tracking_store" entry points
 TRACKING_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks", "databricks-uc", "uc")
+BARE_STORES = ("databricks", "databricks-uc", "uc")  # names MLflow takes without "://"
+
+
+def tracking_schemes() -> tuple[str, ...]:
+    """MLflow's store schemes and those of installed tracking-store plugins (no mlflow import)."""
+    from importlib.metadata import entry_points
+
+    plugins = tuple(sorted({ep.name for ep in entry_points(group="mlflow.tracking_store")} - set(TRACKING_SCHEMES)))
+    return TRACKING_SCHEMES + plugins
 
 register_schema("tracking", "default", TrackingConfig)
 
