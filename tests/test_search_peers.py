@@ -126,7 +126,14 @@ def test_optuna_peer_learns_from_failed_settings():
             gpu = SyntheticGPU(part, fail={c for c in space if c.slot in ("s0", "s1", "s2", "s3")})
             prob = SearchProblem(part, space, gpu.evaluate, 60, seed, SYNTH_GPU.static_power_w,
                                  latin_hypercube(space, part, 12, seed))
-            total += sum(m.failed for m in SEARCHERS.build(name, config={"seed": seed}).run(prob).measurements)
+            searcher = SEARCHERS.build(name, config={"seed": seed})
+            total += sum(m.failed for m in searcher.run(prob).measurements)
+            if name != "random":  # a failure is infeasible: it never outranks a measured setting
+                told = [t for t in searcher.study.trials if t.values is not None]
+                bad = [t for t in told if t.params["slot"] in ("s0", "s1", "s2", "s3")]
+                assert bad and all(t.constraints == {"failed": 1.0} for t in bad)
+                assert not {t.number for t in searcher.study.best_trials} & {t.number for t in bad}
         return total
 
     assert failures("tpe") < 0.6 * failures("random")
+    failures("nsga2")

@@ -159,9 +159,11 @@ class OptunaSearcher:
                 worst = run.objectives()[:, :2].max(axis=0) if m is not None and m.failed and run.ok() else None
                 if m is None or (m.failed and worst is None):  # over budget in this batch; nothing to penalise with
                     study.tell(tr, state=optuna.trial.TrialState.FAIL)
-                elif m.failed:  # the worst measured time and energy, as MBO fits a failure: told FAIL, the
-                    study.tell(tr, [float(v) for v in worst])  # samplers leave it out and keep suggesting its region
+                elif m.failed:  # infeasible, at the worst measured time and energy: told FAIL, the samplers
+                    tr.set_constraint("failed", 1.0)  # would leave it out and keep suggesting its region; feasible,
+                    study.tell(tr, [float(v) for v in worst])  # later worse successes would rank below it
                 else:
+                    tr.set_constraint("failed", -1.0)
                     study.tell(tr, [m.time_s, m.energy_j])
             if new or first:
                 run.finish_batch()
