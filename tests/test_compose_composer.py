@@ -286,3 +286,22 @@ def test_slack_reclamation_leaves_room_for_the_clock_switches_it_adds():
                                                                                  clock_switch_s=switch_s)
         assert min(frontier.times) == pytest.approx(base.time_s, rel=1e-12)
         assert frontier.energies[0] <= priced(slowed).energy_j * (1 + 1e-12)
+
+
+def test_an_asked_deadline_is_met_with_clock_switches_priced():
+    """The LP does not see clock switches, so its plan for an asked time comes out slower once they are
+    priced: it is asked again for less until a plan meets the time."""
+    from kareus.compose.synthetic import synthetic_options
+
+    dag, opts = pipeline_dag("1f1b", 3, 6), synthetic_options(3, seed=4)
+    composer = KareusComposer(KareusComposerConfig(num_deadlines=3))
+    plain = composer.compose(dag, opts, 75.0, 4, 3, clock_switch_s=0.002)
+    gaps = np.diff(plain.times)
+    i = int(np.argmax(gaps))
+    deadline = float(plain.times[i] + 0.5 * gaps[i])
+    asked = composer.compose(dag, opts, 75.0, 4, 3, deadlines=[deadline], clock_switch_s=0.002)
+
+    def least_within(f) -> float:
+        return min(e for t, e in zip(f.times, f.energies) if t <= deadline)
+
+    assert least_within(asked) < least_within(plain) - 1e-9

@@ -198,9 +198,10 @@ class KareusComposer:
                     cur = new
                     add(cur)
 
-        def solve_at(deadline: float) -> None:
-            """The relaxed optimum at ``deadline``, rounded to options and its slack reclaimed."""
-            sol = lp.solve(deadline)
+        def solve_at(deadline: float, lp_deadline: float | None = None) -> None:
+            """The relaxed optimum at ``lp_deadline`` (default: ``deadline``), rounded to options and
+            its slack reclaimed up to ``deadline``."""
+            sol = lp.solve(deadline if lp_deadline is None else lp_deadline)
             if sol is None:
                 return
             roundings = [_round(node_tab, sol[0], nearest=False)]
@@ -209,11 +210,27 @@ class KareusComposer:
             for pos in roundings:
                 reclaimed(pos, deadline)
 
+        def meet(deadline: float) -> None:
+            """A solve for an asked time; with switches priced, the LP (which does not see them) is
+            asked again for less, by what the priced plans overshot, until one meets the time."""
+            lp_deadline = deadline
+            for _ in range(1 if sw is None else MEET_TRIES):
+                seen = len(results)
+                solve_at(deadline, lp_deadline)
+                new = [a.time_s for a in results[seen:]]
+                if not new or any(within_limit(t, deadline) for t in new):
+                    return
+                lp_deadline -= min(new) - deadline
+                if lp_deadline <= t_fast:
+                    return
+
         if sw is not None:  # the roundings switch clocks on the critical path, where the fastest plan need not
             reclaimed(np.zeros(len(dag), dtype=int), None)
 
-        for deadline in [*evenly, *sorted(set(asked))]:
+        for deadline in evenly:
             solve_at(float(deadline))
+        for deadline in sorted(set(asked)):
+            meet(deadline)
         for cheap in sorted(results, key=lambda a: a.energy_j)[:DESCENT_STARTS]:
             pos = np.array([int(np.flatnonzero(tb.idx == c)[0]) for tb, c in zip(node_tab, cheap.choice)])
             for _ in range(DESCENT_PASSES):
@@ -249,6 +266,7 @@ class KareusComposer:
                 lo = mid
 
 
+MEET_TRIES = 4  # LP solves per asked time when switches are priced (see meet)
 DESCENT_STARTS = 2  # the cheapest points found that each descend
 DESCENT_PASSES = 8  # at most this many passes per descent (each stops early once no move helps)
 
