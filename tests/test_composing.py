@@ -40,6 +40,24 @@ def low_clock_run(tmp_path_factory):
     return ctx, results, fixed, low, with_perseus
 
 
+def _top_clock_run(tmp_path, parallel: str, perseus: bool = False):
+    """The tiny model, every partition measured once (no overlap, 16 SMs, the top clock), and the
+    fixed work (with Megatron's layout at every clock when ``perseus``)."""
+    cfg = compose_config("+model=tiny", parallel, "profiler/cooldown=none")
+    ctx = build_context(cfg, validate(cfg), tmp_path)
+    journal = Journal.open(tmp_path / "journal.sqlite", ctx.config_hash)
+    with Profiler(to_dataclass(ProfilerConfig, ctx.typed["profiler"]), make_backend(ctx), journal) as profiler:
+        results = []
+        for t in ctx.partitioning.types:
+            ms = profiler.evaluator(t)([Candidate(t.key, SEQUENTIAL, 16, ctx.gpu.max_mhz)])
+            results.append(SearchResult(t.key, ms, Frontier([]), Frontier([])))
+        fixed = measure_fixed_work(ctx, profiler, results)
+        if perseus:
+            fixed = measure_perseus_space(ctx, profiler, fixed)
+    journal.close()
+    return ctx, results, fixed
+
+
 def _megatron(option) -> bool:
     return all(k.startswith(MEGATRON_PREFIX) for k in option.choices)
 
@@ -76,16 +94,7 @@ def test_top_clock_schedule_stays_an_option(low_clock_run):
 def test_megatrons_own_layout_is_one_more_option_so_plans_never_trail_it(tmp_path):
     """On host-bound work (the tiny model) splitting the microbatch costs more than overlap saves: the
     fastest plan runs Megatron's layout, as fast as the reference, where the nanobatched ones trail it."""
-    cfg = compose_config("+model=tiny", "parallel=pp1_tp2", "profiler/cooldown=none")
-    ctx = build_context(cfg, validate(cfg), tmp_path)
-    journal = Journal.open(tmp_path / "journal.sqlite", ctx.config_hash)
-    with Profiler(to_dataclass(ProfilerConfig, ctx.typed["profiler"]), make_backend(ctx), journal) as profiler:
-        results = []
-        for t in ctx.partitioning.types:
-            ms = profiler.evaluator(t)([Candidate(t.key, SEQUENTIAL, 16, ctx.gpu.max_mhz)])
-            results.append(SearchResult(t.key, ms, Frontier([]), Frontier([])))
-        fixed = measure_fixed_work(ctx, profiler, results)
-    journal.close()
+    ctx, results, fixed = _top_clock_run(tmp_path, "parallel=pp1_tp2")
     comp = compose(ctx, results, fixed)
     for key, ref in comp.reference_options.items():
         assert ref in comp.options[key]
@@ -144,16 +153,7 @@ def test_perseus_gets_its_own_solve_at_megatrons_time(tmp_path):
     from kareus.compose.lp import KareusComposer
     from kareus.plan.baseline import least_energy_within
 
-    cfg = compose_config("+model=tiny", "parallel=pp2_tp2", "profiler/cooldown=none")
-    ctx = build_context(cfg, validate(cfg), tmp_path)
-    journal = Journal.open(tmp_path / "journal.sqlite", ctx.config_hash)
-    with Profiler(to_dataclass(ProfilerConfig, ctx.typed["profiler"]), make_backend(ctx), journal) as profiler:
-        results = []
-        for t in ctx.partitioning.types:
-            ms = profiler.evaluator(t)([Candidate(t.key, SEQUENTIAL, 16, ctx.gpu.max_mhz)])
-            results.append(SearchResult(t.key, ms, Frontier([]), Frontier([])))
-        fixed = measure_perseus_space(ctx, profiler, measure_fixed_work(ctx, profiler, results))
-    journal.close()
+    ctx, results, fixed = _top_clock_run(tmp_path, "parallel=pp2_tp2", perseus=True)
     comp = compose(ctx, results, fixed)
     ref = comp.reference.time_s
     options = {k: [o for o in opts if _megatron(o)] for k, opts in comp.options.items()}
