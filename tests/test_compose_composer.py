@@ -305,3 +305,25 @@ def test_an_asked_deadline_is_met_with_clock_switches_priced():
         return min(e for t, e in zip(f.times, f.energies) if t <= deadline)
 
     assert least_within(asked) < least_within(plain) - 1e-9
+
+
+def test_reverse_reclaim_never_lengthens_the_iteration_with_switches_priced():
+    """Adding a switch before the stage's next instruction must leave room for all its other
+    predecessors, placed or not: F1 of stage 0 (not yet placed when B0 of stage 1 is) would
+    otherwise end after the next instruction's new start, and the iteration grew from 14 s to 15 s."""
+    from kareus.compose.lp import _reclaim, _Switching, _tables
+
+    opts = {(0, F): [InstructionOption(4.0, 5.0, 2, {}), InstructionOption(5.0, 1.0, 1, {})],
+            (0, B): [InstructionOption(1.0, 5.0, 2, {}), InstructionOption(5.0, 1.0, 1, {})],
+            (1, F): [InstructionOption(1.0, 5.0, 2, {})],
+            (1, B): [InstructionOption(1.0, 5.0, 2, {}), InstructionOption(2.0, 1.0, 1, {})]}
+    dag = pipeline_dag("1f1b", 2, 2)
+    model = CostModel(dag, opts, 0.0, 1, 2, 1.0)
+    tables = _tables(opts)
+    node_tab = [tables[n.key] for n in dag.nodes]
+
+    def time_of(pos) -> float:
+        return model.assess(tuple(int(tb.idx[p]) for tb, p in zip(node_tab, pos))).time_s
+
+    pos = np.array([1, 1, 0, 0, 0, 0, 0, 0])
+    assert time_of(_reclaim(dag, node_tab, pos, None, _Switching.of(dag, 1.0))) <= time_of(pos) == 14.0

@@ -352,7 +352,10 @@ def _reclaim(dag: PipelineDAG, node_tab: Sequence[_KeyTable], pos: np.ndarray,
         placed = nx != i and nx in succs[i]  # the stage's next instruction, not the wrap to its first
         other = min((late_start[s] for s in succs[i] if not (placed and s == nx)), default=makespan)
         t_nx = node_tab[nx].t[pos[nx]]
-        others_end = max((late_end[p] for p in dag.preds[nx] if p > i), default=-np.inf) if placed else 0.0
+        # when the stage's next instruction's other predecessors end: placed (later) ones as placed,
+        # the rest (earlier) no sooner than their earliest finish
+        others_end = (max((late_end[p] if p > i else eft[p] for p in dag.preds[nx] if p != i), default=-np.inf)
+                      if placed else 0.0)
 
         def end_at(clock: float) -> float | None:
             """Latest end of node i at ``clock``; None where that clock adds a switch it cannot."""
