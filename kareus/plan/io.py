@@ -13,7 +13,8 @@ from typing import Any
 
 from kareus.plan.model import SCHEMA_VERSION, ExecutionPlan, InstructionPlan, PartitionSetting, StagePlan
 
-# version 1 plans have no clock_switch_s: they load as plans whose switches were not priced
+# version 1 plans have no clock_switch_s: they load (and save again) as version 2 plans whose
+# switches were not priced
 READABLE_VERSIONS = (1, SCHEMA_VERSION)
 
 
@@ -82,7 +83,7 @@ def plan_from_dict(data: Any, where: str = "plan") -> ExecutionPlan:
                               f"(expected one of {', '.join(map(str, READABLE_VERSIONS))})")
     if version == 1 and "clock_switch_s" in data:
         raise PlanFormatError(f"{where}: unknown key(s) clock_switch_s (schema_version 1 has none; 2 does)")
-    plan = _check(ExecutionPlan, data, where)
+    plan = dataclasses.replace(_check(ExecutionPlan, data, where), schema_version=SCHEMA_VERSION)  # 1: switches unpriced
     if len(plan.stages) != plan.num_stages:
         raise PlanFormatError(f"{where}: {len(plan.stages)} stages listed, num_stages is {plan.num_stages}")
     for i, st in enumerate(plan.stages):
