@@ -96,13 +96,13 @@ class _Switching:
 
 
 def _durations(node_tab: Sequence[_KeyTable], pos: np.ndarray,
-               sw: _Switching | None) -> tuple[np.ndarray, np.ndarray]:
-    """Per node, its duration (a clock change before it included) and its clock."""
+               sw: _Switching | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Per node, its duration (a clock change before it included) and, with switches priced, its clock."""
     dur = np.array([tb.t[p] for tb, p in zip(node_tab, pos)])
+    if sw is None:
+        return dur, None
     clk = np.array([tb.f[p] for tb, p in zip(node_tab, pos)])
-    if sw is not None:
-        dur = dur + sw.seconds * (clk != clk[sw.prev])
-    return dur, clk
+    return dur + sw.seconds * (clk != clk[sw.prev]), clk
 
 
 def lower_hull(t: np.ndarray, e: np.ndarray) -> list[int]:
@@ -399,7 +399,7 @@ def _reclaim_forward(dag: PipelineDAG, node_tab: Sequence[_KeyTable], pos: np.nd
     for i, ps in enumerate(dag.preds):
         start = max((new_finish[p] for p in ps), default=0.0)
         tb = node_tab[i]
-        own = dur[i] - tb.t[pos[i]]  # the switch before it, if any
+        own = 0.0 if sw is None else dur[i] - tb.t[pos[i]]  # the switch before it, if any
         j = bisect.bisect_right(tb.t, (latest_finish[i] - start - own) * (1 + 1e-12)) - 1
         if sw is not None:
             keep = {clk[n] for n in (sw.prev[i], sw.nxt[i]) if n != i and clk[n] == clk[i]}
