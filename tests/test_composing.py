@@ -12,7 +12,9 @@ from kareus.compose import compose_instruction
 from kareus.config.validate import validate
 from kareus.frontier import Frontier
 from kareus.partition import MEGATRON_PREFIX
-from kareus.pipeline.composing import compose, measure_fixed_work, measure_perseus_space, perseus_clocks
+from kareus.partition.sequential import megatron_slot
+from kareus.pipeline.composing import (compose, measure_fixed_work, measure_perseus_space, perseus_clocks,
+                                      reference_candidate)
 from kareus.pipeline.context import build_context
 from kareus.pipeline.searching import make_backend
 from kareus.profiler import Journal, Profiler, ProfilerConfig
@@ -65,8 +67,9 @@ def _megatron(option) -> bool:
 def test_reference_is_megatron_unsplit_layout(low_clock_run):
     ctx, results, fixed, *_ = low_clock_run
     assert fixed.megatron_partitions and all(k.startswith(MEGATRON_PREFIX) for k in fixed.megatron_partitions)
-    assert all(m.candidate.slot == SEQUENTIAL and m.candidate.sms == ctx.gpu.default_comm_sms
-               for ms in fixed.megatron_partitions.values() for m in ms)
+    types = {t.key: t for t in fixed.megatron.types}
+    assert all(m.candidate.slot == megatron_slot(types[k]) and m.candidate.sms == ctx.gpu.default_comm_sms
+               for k, ms in fixed.megatron_partitions.items() for m in ms)
     comp = compose(ctx, results, fixed)
     assert set(comp.reference_options) == set(comp.options)  # a Megatron option per instruction
     assert all(o.freq_mhz == ctx.gpu.max_mhz for o in comp.reference_options.values())
@@ -163,3 +166,22 @@ def test_perseus_gets_its_own_solve_at_megatrons_time(tmp_path):
                                                           clock_switch_s=ctx.gpu.clock_switch_s)
     at_ref = least_energy_within(zip(comp.perseus.times, comp.perseus.energies), ref)
     assert at_ref == pytest.approx(least_energy_within(zip(solved.times, solved.energies), ref), rel=1e-9)
+
+
+def test_megatron_runs_wgrad_under_the_input_gradient_all_reduce(low_clock_run):
+    """megatron-core launches a column-parallel GEMM's input-gradient all-reduce after dgrad and runs
+    wgrad under it: those Megatron partitions are measured with the comm at the wgrad, the rest with
+    no overlap, and the overlap makes them faster than running the all-reduce after wgrad."""
+    ctx, _results, fixed, *_ = low_clock_run
+    types = {t.key: t for t in fixed.megatron.types}
+    overlapped = {k for k, t in types.items() if megatron_slot(t) != SEQUENTIAL}
+    assert overlapped and all(types[k].comm.name in ("fc1_allreduce_bwd", "qkv_allreduce_bwd") for k in overlapped)
+    for k in overlapped:
+        t = types[k]
+        assert [o.name for o in t.compute][t.slots[0].ops[0]].endswith("_wgrad") and len(t.slots) == 1
+    assert all(not t.slots for k, t in types.items() if k not in overlapped)
+    backend = make_backend(ctx)
+    for k in overlapped:
+        at_wgrad = backend.measure(types[k], reference_candidate(k, ctx, None, megatron_slot(types[k])), 1.0)
+        after = backend.measure(types[k], reference_candidate(k, ctx), 1.0)
+        assert at_wgrad.time_s < after.time_s

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from kareus.partition.segments import partition_workload
 from kareus.partition.slots import build_slots
 from kareus.registry import PARTITIONERS
-from kareus.types import Partitioning
+from kareus.types import SEQUENTIAL, Op, PartitionType, Partitioning, Slot
 from kareus.workload.graph import Workload
 
 
@@ -40,7 +40,10 @@ MEGATRON_PREFIX = "megatron:"
 
 def megatron_partitioning(workload: Workload, merge_boundary: bool = False) -> Partitioning:
     """Megatron-LM's layout of ``workload``'s model and parallelism: each microbatch unsplit (one
-    nanobatch, whatever ``parallel.nanobatches`` says), every comm after its compute.
+    nanobatch, whatever ``parallel.nanobatches`` says), every comm after its compute but one: the
+    backward all-reduce (reduce-scatter under SP) of a column-parallel GEMM's input gradient, which
+    megatron-core launches asynchronously after dgrad and runs wgrad under. Such a partition has one
+    slot, at that wgrad (see :func:`megatron_slot`); the others have none.
 
     Splitting a microbatch costs kernel efficiency (smaller kernels, more launches), so a reference
     measured on nanobatched partitions would flatter every plan. Each stage's first chain is its own
@@ -51,7 +54,25 @@ def megatron_partitioning(workload: Workload, merge_boundary: bool = False) -> P
 
     unsplit = build_workload(workload.model, dataclasses.replace(workload.parallel, nanobatches=1), workload.gpus_per_node)
     p = partition_workload(unsplit, 1, with_slots=False, merge_boundary=merge_boundary, build_slots=build_slots)
-    types = tuple(dataclasses.replace(t, key=MEGATRON_PREFIX + t.key) for t in p.types)
+    types = tuple(dataclasses.replace(t, key=MEGATRON_PREFIX + t.key, slots=_under_wgrad(t.compute, t.comm))
+                  for t in p.types)
     work = tuple(dataclasses.replace(w, partitions=tuple((MEGATRON_PREFIX + k, n) for k, n in w.partitions))
                  for w in p.work)
     return Partitioning(types, work)
+
+
+def _under_wgrad(chain: tuple[Op, ...], comm: Op) -> tuple[Slot, ...]:
+    """The slot at the wgrad that megatron-core runs under ``comm``, where ``comm`` collects the input
+    gradient of the GEMM whose dgrad and wgrad end ``chain``; otherwise none."""
+    gemm = comm.name.rsplit("_", 2)[0]  # qkv_allreduce_bwd -> qkv
+    if not comm.name.endswith("_bwd") or len(chain) < 2:
+        return ()
+    if (chain[-2].name, chain[-1].name) != (f"{gemm}_dgrad", f"{gemm}_wgrad"):
+        return ()
+    return (build_slots(chain)[-1],)
+
+
+def megatron_slot(partition: PartitionType) -> str:
+    """Where Megatron-LM launches a ``megatron:`` partition's comm: beside the wgrad it overlaps, or
+    after all its compute."""
+    return partition.slots[0].label if partition.slots else SEQUENTIAL

@@ -58,9 +58,10 @@ class FixedWork:
         return sum(len(v) for v in self.residual.values()) + sum(len(v) for v in self.megatron_residual.values())
 
 
-def reference_candidate(key: str, ctx: RunContext, freq_mhz: int | None = None) -> Candidate:
-    """Megatron's default: no overlap, the comm library's default SM count; the top clock unless given."""
-    return Candidate(key, SEQUENTIAL, int(ctx.gpu.default_comm_sms), int(freq_mhz or ctx.gpu.max_mhz))
+def reference_candidate(key: str, ctx: RunContext, freq_mhz: int | None = None, slot: str = SEQUENTIAL) -> Candidate:
+    """Megatron's default: the comm library's default SM count, no overlap unless ``slot`` says where
+    Megatron launches it (see ``megatron_slot``); the top clock unless given."""
+    return Candidate(key, slot, int(ctx.gpu.default_comm_sms), int(freq_mhz or ctx.gpu.max_mhz))
 
 
 def _residual(profiler: Any, work: Any, clocks: Sequence[int]) -> dict[int, tuple[float, float]]:
@@ -74,11 +75,14 @@ def _residual(profiler: Any, work: Any, clocks: Sequence[int]) -> dict[int, tupl
     return per_clock
 
 
-def _at_reference(ctx: RunContext, profiler: Any, partitioning: Partitioning,
-                  clocks: Sequence[int]) -> dict[str, list[Measurement]]:
-    """Each partition type at Megatron's default (no overlap, default SMs) at each of ``clocks``."""
-    return {t.key: profiler.evaluator(t)([reference_candidate(t.key, ctx, f) for f in clocks],
-                                         [{"pass": "reference"} for _ in clocks])
+def _at_reference(ctx: RunContext, profiler: Any, partitioning: Partitioning, clocks: Sequence[int],
+                  megatron: bool = False) -> dict[str, list[Measurement]]:
+    """Each partition type at Megatron's default (default SMs) at each of ``clocks``: with no overlap,
+    or (``megatron``: Megatron's own partitions) where Megatron launches each comm."""
+    from kareus.partition.sequential import megatron_slot
+
+    return {t.key: profiler.evaluator(t)([reference_candidate(t.key, ctx, f, megatron_slot(t) if megatron else SEQUENTIAL)
+                                          for f in clocks], [{"pass": "reference"} for _ in clocks])
             for t in partitioning.types}
 
 
@@ -95,7 +99,7 @@ def measure_fixed_work(ctx: RunContext, profiler: Any, results: Sequence[SearchR
         residual={(w.stage, w.direction): _residual(profiler, w, clocks) for w in ctx.partitioning.work},
         anchors={k: ms[0] for k, ms in _at_reference(ctx, profiler, ctx.partitioning, [top]).items()},
         megatron=megatron,
-        megatron_partitions=_at_reference(ctx, profiler, megatron, [top]),
+        megatron_partitions=_at_reference(ctx, profiler, megatron, [top], megatron=True),
         megatron_residual={(w.stage, w.direction): _residual(profiler, w, [top]) for w in megatron.work})
 
 
@@ -112,7 +116,7 @@ def measure_perseus_space(ctx: RunContext, profiler: Any, fixed: FixedWork) -> F
     partitions and its residual work. Measured after the top-clock reference, which therefore reads
     the same with or without it."""
     others = [f for f in perseus_clocks(ctx) if f != int(ctx.gpu.max_mhz)]
-    extra = _at_reference(ctx, profiler, fixed.megatron, others)
+    extra = _at_reference(ctx, profiler, fixed.megatron, others, megatron=True)
     return dataclasses.replace(
         fixed, perseus=True,
         megatron_partitions={k: ms + extra[k] for k, ms in fixed.megatron_partitions.items()},
