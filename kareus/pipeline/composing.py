@@ -1,7 +1,8 @@
 """The composition stage: residual work and Megatron's own layout are measured, then partition
 measurements become instruction options, the iteration frontier, and execution plans. An option whose
 partitions carry the ``megatron:`` prefix runs the instruction in Megatron's own layout: the
-microbatch unsplit, no overlap, the comm library's default SMs, at the option's clock.
+microbatch unsplit, no overlap but Megatron's own (see ``megatron_partitioning``), the comm
+library's default SMs, at the option's clock.
 
 Megatron's layout at the top clock is the reference point. With ``plan.compare_perseus`` it is
 measured at every clock of the search space too: composed alone, those options are Perseus' space (one clock
@@ -41,7 +42,7 @@ class FixedWork:
     ``residual``: each instruction's non-partition work at every searched clock. ``anchors``: each
     searched partition at no overlap, the top clock and the default SMs, a configuration the search
     may have skipped; as an option it keeps the fastest plan from trailing the plain schedule.
-    ``megatron``: Megatron-LM's own layout (unsplit microbatches, no overlap, default SMs), its
+    ``megatron``: Megatron-LM's own layout (unsplit microbatches, its own overlap only, default SMs), its
     partitions and residual work measured at the top clock (the reference every plan is compared
     with) and, with ``perseus``, at every clock of the search space (Perseus' space).
     """
