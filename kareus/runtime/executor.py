@@ -127,8 +127,9 @@ class PlanExecutor:
                                     f"no setting for partition {partition!r}; it has: {known}") from None
 
     def megatron_layout(self) -> bool:
-        """Whether the current instruction runs Megatron's own layout (the microbatch unsplit, no
-        overlap): its partitions carry the ``megatron:`` prefix, and layer code must not split it."""
+        """Whether the current instruction runs Megatron's own layout (the microbatch unsplit, only
+        megatron-core's own overlap): its partitions carry the ``megatron:`` prefix, and layer code
+        must not split it."""
         from kareus.partition.sequential import MEGATRON_PREFIX
 
         if self.current is None:
