@@ -27,7 +27,7 @@ class ProfilerConfig:
     max_executions: int = 1_000_000  # cap on executions per window
     repeats: int = 1  # measurement windows per candidate
     retries: int = 2  # extra tries of a failed read before the candidate is recorded as failed
-    mad_threshold: float = 3.5  # repeats further than this many scaled MADs from the median are outliers
+    mad_threshold: float = 3.5  # with 5+ repeats, those further than this many scaled MADs from the median are outliers
     cooldown_between_repeats: bool = False  # cool down between repeats too, not only after a candidate
     cooldown: Any = field(default_factory=lambda: {"name": "fixed"})
     frequency: Any = field(default_factory=lambda: {"name": "sim"})
