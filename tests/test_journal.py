@@ -164,3 +164,23 @@ def test_copy_holds_the_rows_a_live_writer_has_only_in_its_wal(tmp_path):
         copy.append(meas("fwd", 9), backend="sim", clock_mhz=1410, gpu_temperature_c=50.0)
     with Journal.open(source, "h") as old:
         assert old.count() == 5  # the copy is continued, the old journal is not
+
+
+def test_check_reads_every_page_of_a_journal_to_be_resumed(tmp_path):
+    """A damaged page of the measurements table is refused with one line before the run starts: a
+    row count, answered from an index alone, passed it, and the resumed run died mid-way."""
+    from kareus.profiler.journal import JournalError, check_journal
+
+    path = tmp_path / "journal.sqlite"
+    with Journal.open(path, "h") as j:
+        for i in range(300):
+            j.append(meas("fwd", i), backend="sim", clock_mhz=1410, gpu_temperature_c=50.0)
+    check_journal(path, "h")
+    with sqlite3.connect(path) as con:
+        [(root,)] = con.execute("SELECT rootpage FROM sqlite_master WHERE name = 'measurements'").fetchall()
+        [(size,)] = con.execute("PRAGMA page_size").fetchall()
+    data = bytearray(path.read_bytes())
+    data[(root - 1) * size: root * size] = b"\xff" * size
+    path.write_bytes(bytes(data))
+    with pytest.raises(JournalError, match="not a readable Kareus journal"):
+        check_journal(path, "h")

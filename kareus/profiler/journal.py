@@ -247,8 +247,12 @@ def check_journal(path: str | os.PathLike[str], config_hash: str) -> None:
         with _read_only(p) as conn:
             row = conn.execute("SELECT value FROM meta WHERE key = 'config_hash'").fetchone()
             conn.execute("SELECT COUNT(*) FROM measurements").fetchone()
+            # COUNT(*) reads an index alone: every page must be read, or a damaged one fails mid-run
+            damage = conn.execute("PRAGMA quick_check").fetchone()[0]
     except sqlite3.Error as err:
         raise JournalError(f"{p} is not a readable Kareus journal ({err})") from None
+    if damage != "ok":
+        raise JournalError(f"{p} is not a readable Kareus journal (damaged: {damage})")
     if row is None:
         raise JournalError(f"{p} is not a Kareus journal (it records no config hash)")
     if row[0] != config_hash:
