@@ -268,3 +268,32 @@ def test_resume_with_another_config_is_refused(replay_table, tmp_path):
 
     with pytest.raises(JournalMismatchError, match="config hash"):
         run_search_task(task)
+
+
+def test_a_second_ctrl_c_during_the_relays_shutdown_waits_for_it():
+    """A Ctrl-C that lands inside the event relay's shutdown is held until the shutdown is done (and
+    a relay that outlives it is killed), then delivered: it used to leave the relay alive, and the
+    run's exit waited on it for good."""
+    import signal
+
+    from kareus.launch.launchers import _stop_manager
+
+    class Relay:
+        done = False
+
+        def __init__(self) -> None:
+            self._process = self
+
+        def shutdown(self) -> None:
+            signal.raise_signal(signal.SIGINT)  # the second Ctrl-C, mid-handshake
+            Relay.done = True
+
+        def is_alive(self) -> bool:
+            return True
+
+        def kill(self) -> None:
+            Relay.killed = True
+
+    with pytest.raises(KeyboardInterrupt):
+        _stop_manager(Relay())
+    assert Relay.done and Relay.killed

@@ -96,7 +96,8 @@ class ProcessLauncher:
             if not listeners:
                 futures = [pool.submit(run_search_task, t) for t in tasks]
                 return [f.result() for f in futures]
-            with ctx.Manager() as manager:
+            manager = ctx.Manager()
+            try:
                 q = manager.Queue()
                 futures = [pool.submit(_run_forwarding, t, q) for t in tasks]
                 while not all(f.done() for f in futures):
@@ -104,6 +105,8 @@ class ProcessLauncher:
                 while _dispatch(q, listeners, queue_mod.Empty, 0.0):
                     pass
                 return [f.result() for f in futures]
+            finally:
+                _stop_manager(manager)
         except BaseException as err:  # Ctrl-C, SIGTERM, a failed task: stop the others now, not after they finish
             _terminate_workers(pool)
             from concurrent.futures.process import BrokenProcessPool
@@ -116,6 +119,21 @@ class ProcessLauncher:
             raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _stop_manager(manager: Any) -> None:
+    """Shut the process relaying the workers' events down with Ctrl-C and SIGTERM held, and kill it if
+    it outlives that: a second Ctrl-C (``timeout -s INT`` signals the group twice) inside the shutdown
+    handshake left it running, and the exit then waited on it for good."""
+    from kareus.tracking.store import signals_deferred
+
+    with signals_deferred():
+        try:
+            manager.shutdown()
+        finally:
+            proc = getattr(manager, "_process", None)
+            if proc is not None and proc.is_alive():
+                proc.kill()
 
 
 def _leave_ctrl_c_to_the_parent() -> None:
