@@ -61,10 +61,7 @@ class CostModel:
             start[k] = len(flat)
             flat += [o.freq_mhz for o in self.options[k]]
         offset = np.array([start[n.key] for n in self.dag.nodes])
-        prev = np.arange(len(self.dag))
-        for order in self.dag.stage_order:
-            prev[list(order)] = np.roll(np.asarray(order), 1)
-        return np.asarray(flat), offset, prev
+        return np.asarray(flat), offset, self.dag.stage_neighbours[0]
 
     def switches(self, choice: Sequence[int]) -> np.ndarray:
         """Per node, whether a clock change precedes it (its stage's previous instruction runs another clock)."""

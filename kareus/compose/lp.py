@@ -85,11 +85,7 @@ class _Switching:
     def of(cls, dag: PipelineDAG, seconds: float) -> "_Switching | None":
         if not seconds:
             return None
-        prev, nxt = np.arange(len(dag)), np.arange(len(dag))
-        for order in dag.stage_order:
-            o = np.asarray(order)
-            prev[o], nxt[o] = np.roll(o, 1), np.roll(o, -1)
-        return cls(float(seconds), prev, nxt)
+        return cls(float(seconds), *dag.stage_neighbours)
 
     def delay(self, clock: float, before: float) -> float:
         return self.seconds if clock != before else 0.0

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
+
 from kareus.registry import SCHEDULES
 from kareus.types import Direction
 
@@ -55,6 +57,20 @@ class PipelineDAG:
                     out[p].append(i)
             cached = tuple(tuple(s) for s in out)
             object.__setattr__(self, "_succs_cache", cached)
+        return cached
+
+    @property
+    def stage_neighbours(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each node's previous and next instruction on its stage, cyclic (iterations repeat: a
+        stage's first instruction follows its last); a stage's only instruction is its own."""
+        cached = self.__dict__.get("_neighbours_cache")
+        if cached is None:
+            prev, nxt = np.arange(len(self.nodes)), np.arange(len(self.nodes))
+            for order in self.stage_order:
+                o = np.asarray(order, dtype=int)
+                prev[o], nxt[o] = np.roll(o, 1), np.roll(o, -1)
+            cached = (prev, nxt)
+            object.__setattr__(self, "_neighbours_cache", cached)
         return cached
 
     @property
