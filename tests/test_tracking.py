@@ -213,22 +213,36 @@ def _worker(uri: str, partition: str, n: int) -> str:
     return listener.run_id
 
 
-def _pool_id(uri: str) -> int:
-    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+_FORKED_POOL = """
+import multiprocessing as mp, sys
+from kareus.tracking import store
+from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
+def pool_id(uri):
     return id(SqlAlchemyStore._engine_map[uri].pool)
+
+if __name__ == "__main__":
+    uri = sys.argv[1]
+    store.client_for(uri)
+    with mp.get_context("fork").Pool(1) as pool:
+        child = pool.apply(pool_id, (uri,))
+    sys.exit(0 if child != pool_id(uri) else 3)
+"""
 
 
 def test_forked_worker_gets_its_own_connection_pool(tmp_path):
-    from kareus.tracking import store as store_mod
+    """Forked from an interpreter of its own: forking the test process, whose earlier tests may have
+    left threads holding locks, once stalled the child."""
+    import subprocess
+    import sys
 
-    uri = empty_store(tmp_path)
-    store_mod.client_for(uri)
     if "fork" not in mp.get_all_start_methods():
         pytest.skip("no fork on this platform")
-    with mp.get_context("fork").Pool(1) as pool:
-        child = pool.apply(_pool_id, (uri,))
-    assert child != _pool_id(uri)
+    uri = empty_store(tmp_path)
+    script = tmp_path / "forked_pool.py"
+    script.write_text(_FORKED_POOL)
+    done = subprocess.run([sys.executable, str(script), uri], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_concurrent_writers_share_one_sqlite_store(tmp_path):
