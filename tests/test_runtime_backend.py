@@ -176,7 +176,9 @@ def test_device_cuda_without_a_gpu_says_how_to_run_on_cpu():
 @pytest.mark.gpu
 @gpu
 def test_gpu_window_reads_positive_energy_and_a_side_stream_overlap():
-    b = CudaBackend(CudaConfig(device="cuda", comm="copy", energy="nvml"))
+    from kareus.runtime.backend import shipped_cuda_config
+
+    b = CudaBackend(shipped_cuda_config(torch.cuda.get_device_name(0), device="cuda", comm="copy", energy="nvml"))
     p = _partition()
     c = Candidate(p.key, "norm_0", 16, b.gpu.max_mhz)
     r = b.measure(p, c, 0.2)
@@ -237,6 +239,61 @@ class _Meter:
 
     def end(self) -> float:
         return 6.0
+
+
+@pytest.mark.gpu
+@gpu
+def test_a_hardware_config_of_another_gpu_model_is_refused_on_a_gpu():
+    from kareus.errors import KareusError
+    from kareus.runtime.backend import gpu_model
+
+    other = "A100-SXM4-40GB" if gpu_model(torch.cuda.get_device_name(0)) != "A100" else "H100-SXM5-80GB"
+    with pytest.raises(KareusError, match=r"hardware\.gpu: .* but this GPU is"):
+        CudaBackend(CudaConfig(device="cuda", comm="copy", gpu=other))
+
+
+@pytest.mark.parametrize("spec,device,model", [
+    ("A100-SXM4-40GB", "NVIDIA A100-SXM4-80GB", "A100"), ("H100-SXM5-80GB", "NVIDIA H100 80GB HBM3", "H100"),
+    ("H200-SXM-141GB", "NVIDIA H200", "H200"), ("A100-SXM4-40GB", "NVIDIA A100 80GB PCIe", "A100")])
+def test_gpu_models_match_across_naming_styles(spec, device, model):
+    from kareus.runtime.backend import gpu_model, gpu_model_problem
+
+    assert gpu_model(spec) == gpu_model(device) == model
+    assert gpu_model_problem(spec, device) == ""
+
+
+def test_another_gpu_model_names_the_config_to_choose():
+    from kareus.runtime.backend import gpu_model_problem
+
+    msg = gpu_model_problem("A100-SXM4-40GB", "NVIDIA H200")
+    assert msg.startswith("hardware.gpu: ") and "choose hardware=h200_cuda" in msg and "\n" not in msg
+    assert "a hardware config for it" in gpu_model_problem("H100-SXM5-80GB", "NVIDIA GeForce RTX 4090")
+
+
+def test_shipped_cuda_config_reads_the_models_yaml_and_refuses_unknown_models():
+    from kareus.errors import KareusError
+    from kareus.runtime.backend import SHIPPED_CUDA_MODELS, shipped_cuda_config
+
+    assert set(SHIPPED_CUDA_MODELS) >= {"a100", "h100", "h200"}
+    cfg = shipped_cuda_config("NVIDIA H200", device="cpu", comm="copy")
+    assert (cfg.gpu, cfg.sms, cfg.max_mhz, cfg.device) == ("H200-SXM-141GB", 132, 1980, "cpu")
+    with pytest.raises(KareusError, match="no shipped hardware config"):
+        shipped_cuda_config("Tesla V100-SXM2-32GB")
+
+
+def test_calibration_sizes_the_window_from_batches_not_one_launch():
+    """A fixed cost per timed batch (launch, cold caches) must not shrink the window to a fraction of the ask."""
+    b = _cpu()
+    batches: list[int] = []
+
+    def timed(run, n):  # 2 ms per batch plus 0.2 ms per execution
+        batches.append(n)
+        return (2e-3 + n * 2e-4) / n
+
+    b._timed = timed
+    per_run = b._calibrate(lambda: None, 0.5)
+    assert per_run <= 1.25 * 2e-4  # one lone execution would have read 2.2e-4 + 2e-3, 11x the rate
+    assert max(batches) * per_run >= 0.05 * 0.5 and len(batches) <= 10
 
 
 def test_gpu_branch_orders_streams_and_events():

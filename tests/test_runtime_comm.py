@@ -111,16 +111,27 @@ def test_copy_backend_is_a_local_stand_in():
 
 def test_sm_limited_copy_moves_every_element_with_few_programs(monkeypatch):
     pytest.importorskip("triton")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")  # Triton's CPU interpreter runs the kernel on CPU tensors
     from kareus.runtime import smcopy
 
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cpu":
+        monkeypatch.setenv("TRITON_INTERPRET", "1")  # Triton's CPU interpreter runs the kernel on CPU tensors
     monkeypatch.setattr(smcopy, "_KERNEL", None)  # decorate under the interpreter
     monkeypatch.setattr(smcopy, "BLOCK", 256)
-    src = torch.arange(5000, dtype=torch.float32)
+    src = torch.arange(5000, dtype=torch.float32, device=device)
     dst = torch.zeros_like(src)
-    smcopy.sm_copy(src, dst, 3)  # 3 programs stride over 20 blocks, the last one partial
+    try:
+        smcopy.sm_copy(src, dst, 3)  # 3 programs stride over 20 blocks, the last one partial
+    except Exception as e:
+        if device.type == "cpu" and "only 0-dimensional arrays" in str(e):
+            # Triton 3.6's interpreter turns a loop bound into an int through a 1-element array, which
+            # numpy 2.4+ refuses; the compiled kernel is unaffected (run on a GPU)
+            pytest.skip("Triton's CPU interpreter fails with this numpy (int() of a 1-element array)")
+        raise
+    if device.type == "cuda":
+        torch.cuda.synchronize()
     assert torch.equal(src, dst)
-    assert smcopy.available(torch.device("cpu"))
+    assert smcopy.available(device)
     with pytest.raises(ValueError, match="equal sizes"):
         smcopy.sm_copy(src, dst[:10], 3)
     monkeypatch.setattr(smcopy, "_KERNEL", None)  # leave no interpreted kernel behind

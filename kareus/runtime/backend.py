@@ -27,6 +27,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from kareus.hardware.base import GPUSpec, LockedClock
@@ -77,6 +78,50 @@ class CudaConfig(GPUConfig):
         return self.device == "cuda"
 
 
+def gpu_model(name: str) -> str:
+    """The GPU model a name speaks of ("A100", "H200"): the first word with a digit, NVIDIA's prefix dropped."""
+    for word in name.replace("-", " ").split():
+        if any(ch.isdigit() for ch in word) and word.upper() != "NVIDIA":
+            return word.upper()
+    return name.strip().upper()
+
+
+def gpu_model_problem(spec_gpu: str, device_name: str) -> str:
+    """Why the hardware config does not describe this GPU, or "" when its model matches.
+
+    The search space (SM count, clock range and step) and the static power come from the config, so
+    ``hardware=a100_cuda`` on an H200 would search clocks the GPU cannot lock and SMs it lacks.
+    """
+    want, have = gpu_model(spec_gpu), gpu_model(device_name)
+    if want == have:
+        return ""
+    hint = f"hardware={have.lower()}_cuda" if have.lower() in SHIPPED_CUDA_MODELS else "a hardware config for it"
+    return (f"hardware.gpu: {spec_gpu!r} describes the {want}, but this GPU is {device_name!r}; "
+            f"choose {hint} (shipped: {', '.join(m + '_cuda' for m in SHIPPED_CUDA_MODELS)})")
+
+
+_HARDWARE_CONF = Path(__file__).resolve().parents[1] / "conf" / "hardware"
+SHIPPED_CUDA_MODELS = tuple(sorted(p.name[: -len("_cuda.yaml")] for p in _HARDWARE_CONF.glob("*_cuda.yaml")))
+
+
+def shipped_cuda_config(device_name: str, **fields: Any) -> CudaConfig:
+    """The shipped ``hardware=<model>_cuda`` config of this GPU, read without Hydra (scripts, tests).
+
+    A GPU model with no shipped config is refused with the models there are.
+    """
+    import yaml
+
+    from kareus.errors import KareusError
+
+    model = gpu_model(device_name).lower()
+    if model not in SHIPPED_CUDA_MODELS:
+        raise KareusError(f"no shipped hardware config for {device_name!r} "
+                          f"(shipped: {', '.join(m + '_cuda' for m in SHIPPED_CUDA_MODELS)})")
+    data = yaml.safe_load((_HARDWARE_CONF / f"{model}_cuda.yaml").read_text())
+    data.pop("defaults", None)
+    return CudaConfig(**{**data, **fields})
+
+
 class CudaBackend(LockedClock):
     """A real GPU (or the CPU) behind the HardwareBackend protocol; one process per GPU of the group."""
 
@@ -124,6 +169,11 @@ class CudaBackend(LockedClock):
                 raise KareusError("hardware.device: cuda needs a CUDA GPU and a CUDA build of torch, and torch sees "
                                   "none; use hardware.device=cpu to check the logic without one")
             index = cfg.device_index if cfg.device_index >= 0 else int(os.environ.get("LOCAL_RANK", "0"))
+            problem = gpu_model_problem(cfg.gpu, torch.cuda.get_device_name(index))
+            if problem:
+                from kareus.errors import KareusError
+
+                raise KareusError(problem)
             torch.cuda.set_device(index)
             self.device = torch.device("cuda", index)
             self.main = torch.cuda.current_stream(self.device)
@@ -347,10 +397,23 @@ class CudaBackend(LockedClock):
         end.synchronize()
         return begin.elapsed_time(end) / 1000.0 / n
 
+    def _calibrate(self, run: Callable[[], None], window_s: float) -> float:
+        """Seconds per execution, from back-to-back batches that double until one fills 5% of the window.
+
+        One lone execution carries the launch's fixed costs and cold caches: a window sized from it
+        ran up to 2.5x short of the asked length (seen on the CPU). Ranks of a TP group agree on every
+        doubling, so each issues the same collectives. Costs about 15% of the window.
+        """
+        n, t = 1, self._timed(run, 1)
+        while self._agree(int(n * t < 0.05 * window_s and n < 1 << 16)):
+            n *= 2
+            t = self._timed(run, n)
+        return min(t, self._timed(run, n))
+
     def _window(self, run: Callable[[], None], window_s: float) -> Reading:
         for _ in range(max(0, self.cfg.warmup)):
             run()
-        t1 = min(self._timed(run, 1) for _ in range(3))  # calibration: the window's execution count
+        t1 = self._calibrate(run, window_s)
         # ranks of a TP group calibrate apart but must run as many collectives
         n = self._agree(max(1, int(math.ceil(window_s / max(t1, 1e-9)))))
         self.synchronize()
