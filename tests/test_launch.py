@@ -297,3 +297,38 @@ def test_a_second_ctrl_c_during_the_relays_shutdown_waits_for_it():
     with pytest.raises(KeyboardInterrupt):
         _stop_manager(Relay())
     assert Relay.done and Relay.killed
+
+
+def test_a_simulated_gpus_learned_thermal_state_is_its_tasks_own(tmp_path):
+    """Each task builds a fresh simulated GPU: a search's thermal anchors do not depend on what other
+    tasks journaled first, so a parallel launcher gives the frontiers a serial one gives."""
+    import sqlite3
+
+    profiler = {"cooldown": {"name": "thermal"}, "frequency": {"name": "sim"}}
+
+    def tasks(path: Path) -> list[PartitionSearchTask]:
+        return [PartitionSearchTask(partition=t.partition, hardware=t.hardware, search=t.search, profiler=profiler,
+                                    seed=t.seed, journal_path=t.journal_path, config_hash=t.config_hash)
+                for t in sim_tasks(path)]
+
+    both = tmp_path / "both.sqlite"
+    after = [run_search_task(t) for t in tasks(both)][1]
+    alone = run_search_task(tasks(tmp_path / "alone.sqlite")[1])
+    assert after.measurements == alone.measurements
+    with sqlite3.connect(both) as c:
+        keys = {k for (k,) in c.execute("SELECT key FROM meta WHERE key LIKE 'thermal:%'")}
+    assert keys == {"thermal:sim:A100-SXM4-40GB/fwd_attn_tp2:ThermalCooldown",
+                    "thermal:sim:A100-SXM4-40GB/fwd_attn_tp2.join_attn_0:ThermalCooldown"}
+
+
+def test_a_physical_gpus_thermal_state_is_named_by_host_and_uuid():
+    from types import SimpleNamespace
+
+    from kareus.launch.task import thermal_device
+
+    task = sim_tasks(Path("unused.sqlite"))[0]
+    on_gpu = PartitionSearchTask(partition=task.partition, hardware={"name": "cuda"}, search=SEARCH,
+                                 profiler=FAST_PROFILER, seed=1, journal_path="j", config_hash="h")
+    gpu = SimpleNamespace(name="cuda:H200-SXM-141GB:0", device_id="node7:GPU-5d1f")
+    assert thermal_device(on_gpu, gpu) == "node7:GPU-5d1f"  # two nodes' cuda:0 stay apart
+    assert thermal_device(task, SimpleNamespace(name="sim:A100-SXM4-40GB")) == "sim:A100-SXM4-40GB/fwd_attn_tp2"

@@ -77,6 +77,18 @@ def _close(obj: Any) -> None:
         close()
 
 
+def thermal_device(task: PartitionSearchTask, backend: Any) -> str:
+    """Which GPU's learned thermal state (cooldown anchors, fits) this search shares in the journal.
+
+    A physical GPU's: searches that run on it, one after another, share what it taught. Each task
+    builds a fresh simulated GPU, so there the state is the task's own; shared, it would make a
+    parallel launcher's frontiers depend on which worker journaled first.
+    """
+    if is_real_gpu(task.hardware):
+        return str(getattr(backend, "device_id", "") or backend.name)
+    return f"{backend.name}/{task.partition.key}"
+
+
 def _search(task: PartitionSearchTask, backend: Any, bus: Any) -> SearchResult:
     """The search on a built backend: profiler (clocks reset on the way out), searcher, journal."""
     from kareus.profiler import Journal, Profiler, ProfilerConfig
@@ -90,7 +102,7 @@ def _search(task: PartitionSearchTask, backend: Any, bus: Any) -> SearchResult:
     part = task.partition
     journal = Journal.open(task.journal_path, task.config_hash)
     try:
-        with Profiler(pcfg, backend, journal, bus.emit) as profiler:
+        with Profiler(pcfg, backend, journal, bus.emit, device_id=thermal_device(task, backend)) as profiler:
             space_cfg = getattr(scfg, "space", None)
             if space_cfg is None:
                 from kareus.search import SpaceConfig

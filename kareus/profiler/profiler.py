@@ -48,7 +48,10 @@ class Profiler:
     """Measures candidates on one backend; one instance per worker (it owns the GPU's clock)."""
 
     def __init__(self, cfg: ProfilerConfig, backend: HardwareBackend, journal: Journal | None = None,
-                 emit: Callable[[Any], None] | None = None, *, frequency: Any = None, cooldown: Any = None) -> None:
+                 emit: Callable[[Any], None] | None = None, *, frequency: Any = None, cooldown: Any = None,
+                 device_id: str = "") -> None:
+        """``device_id`` names the GPU whose thermal state a learning cooldown keeps in the journal
+        (default: the backend's name); searches that share it share the learned state."""
         self.cfg = cfg
         self.backend = backend
         self.journal = journal
@@ -67,6 +70,7 @@ class Profiler:
         self._index: dict[str, int] = {}
         self.measured = 0  # candidates actually measured by this instance (not answered from the journal)
         self._anchor_state_loaded = False
+        self._thermal_key = f"thermal:{device_id or backend.name}:{type(cooldown).__name__}"
 
     # -- the searcher's view ---------------------------------------------------------------------
     def evaluator(self, partition: PartitionType) -> Evaluate:
@@ -215,7 +219,7 @@ class Profiler:
         probe = getattr(self.cooldown, "calibrate", None)
         if probe is None or getattr(self.cooldown, "calibrated", True):
             return
-        key = f"thermal:{self.backend.name}:{type(self.cooldown).__name__}"
+        key = self._thermal_key
         saved = self.journal.get_meta(key) if self.journal is not None else None
         # probed earlier in the run (or before a resume) on every GPU of the group: else all probe again
         if group_all(self.backend, saved is not None):
@@ -242,7 +246,7 @@ class Profiler:
         hook = getattr(self.cooldown, "before_window", None)
         if hook is None:
             return
-        key = f"thermal:{self.backend.name}:{type(self.cooldown).__name__}"
+        key = self._thermal_key
         if self.journal is not None and not self._anchor_state_loaded:
             self._anchor_state_loaded = True
             saved = self.journal.get_meta(key)

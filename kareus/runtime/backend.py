@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -34,7 +35,7 @@ from kareus.hardware.base import GPUSpec, LockedClock
 from kareus.hardware.spec import GPUConfig
 from kareus.registry import COMM_BACKENDS, HARDWARE
 from kareus.runtime.comm import init_process_group_from_env
-from kareus.runtime.telemetry import EnergyUnavailable, NoEnergy, NVMLDevice, energy_meter, nvml_index
+from kareus.runtime.telemetry import EnergyUnavailable, NoEnergy, NVMLDevice, cuda_uuid, energy_meter, nvml_index
 from kareus.types import SEQUENTIAL, Candidate, Op, PartitionType, Reading
 
 
@@ -136,6 +137,8 @@ class CudaBackend(LockedClock):
         index = self._select_device(cfg)
         # the device index keeps each GPU's thermal anchors apart when several share one journal
         self.name = f"cuda:{cfg.gpu}:{index}" if self.cuda else f"cpu:{cfg.gpu}"
+        # the physical GPU, for state learned about it (a Ray task on another node also calls its GPU cuda:0)
+        self.device_id = f"{socket.gethostname()}:{cuda_uuid(index) or self.name}" if self.cuda else self.name
         self.comm = self._start_comm(comm)
         self._nvml_error = ""
         self.nvml = self._open_nvml(index) if self.cuda else None
