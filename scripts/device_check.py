@@ -7,7 +7,8 @@ Checks, each reported with its numbers:
   kernel replaced by a copy of its message bytes) at several launch slots: time > 0, energy > 0,
   mean power between 0.8x the idle power read first and 1.1x the enforced power limit;
 - overlap: every launch slot of four real partitions at 8 and 32 comm SMs, each against the same
-  partition run sequentially; some slot must save at least 3% (the side stream really overlaps).
+  partition run sequentially (three readings around the slots); some slot must save at least 3% and
+  twice the sequential readings' spread (the side stream really overlaps).
   Reported beside it, not checked: four 8192^3 GEMMs beside a 1 GiB copy on 8 or 32 persistent
   blocks (the stand-in for a comm kernel on one GPU), which interfere rather than overlap on an H200;
 - nccl: a one-rank NCCL group per comm SM count (CTA options) and a partition with a real NCCL
@@ -123,24 +124,43 @@ def check_partitions(backend: Any, parts: dict[str, Any], window_s: float, power
 
 
 def check_overlap(backend: Any, parts: dict[str, Any], window_s: float) -> dict[str, Any]:
-    """Each slot of four real partitions against the same partition run sequentially, at 8 and 32 SMs."""
+    """Each slot of four real partitions against the same partition run sequentially, at 8 and 32 SMs.
+
+    Sequential is read before, amid and after the slots; a slot counts as overlapping only when it
+    beats the median sequential time by 3% and by twice the sequential readings' spread (the clock
+    is not locked here, so a window can also be fast by luck).
+    """
+    from statistics import median
+
     from kareus.types import SEQUENTIAL, Candidate
 
     rows, best = [], None
     for key in ("fwd_attn", "fwd_mlp", "bwd_attn", "bwd_mlp"):
         p = parts[key]
         for sms in (8, 32):
-            seq = backend.measure(p, Candidate(key, SEQUENTIAL, sms, backend.clock()), window_s)
-            for slot in p.slot_labels[1:]:
-                r = backend.measure(p, Candidate(key, slot, sms, backend.clock()), window_s)
-                saved = 1.0 - r.time_s / seq.time_s
-                row = {"partition": key, "sms": sms, "slot": slot, "sequential_ms": round(seq.time_s * 1e3, 4),
-                       "time_ms": round(r.time_s * 1e3, 4), "time_saved": round(saved, 4),
-                       "energy_saved": round(1.0 - r.energy_j / seq.energy_j, 4) if r.ok and seq.ok else None}
+            def read(slot: str) -> Any:
+                return backend.measure(p, Candidate(key, slot, sms, backend.clock()), window_s)
+
+            slots = list(p.slot_labels[1:])
+            half = len(slots) // 2
+            seq = [read(SEQUENTIAL)]
+            got = {slot: read(slot) for slot in slots[:half]}
+            seq.append(read(SEQUENTIAL))
+            got.update({slot: read(slot) for slot in slots[half:]})
+            seq.append(read(SEQUENTIAL))
+            base = median(r.time_s for r in seq)
+            spread = (max(r.time_s for r in seq) - min(r.time_s for r in seq)) / base
+            base_energy = median(r.energy_j for r in seq) if all(r.ok for r in seq) else None
+            for slot, r in got.items():
+                saved = 1.0 - r.time_s / base
+                row = {"partition": key, "sms": sms, "slot": slot, "sequential_ms": round(base * 1e3, 4),
+                       "sequential_spread": round(spread, 4), "time_ms": round(r.time_s * 1e3, 4),
+                       "time_saved": round(saved, 4), "margin": round(saved - max(0.03, 2 * spread), 4),
+                       "energy_saved": round(1.0 - r.energy_j / base_energy, 4) if r.ok and base_energy else None}
                 rows.append(row)
-                best = row if best is None or saved > best["time_saved"] else best
+                best = row if best is None or row["margin"] > best["margin"] else best
     out: dict[str, Any] = {"best": best, "rows": rows}
-    out["ok"] = True if not backend.cuda else best is not None and best["time_saved"] >= 0.03
+    out["ok"] = True if not backend.cuda else best is not None and best["margin"] > 0
     if not backend.cuda:
         out["note"] = "no streams on the CPU: overlap is reported, not checked"
     return out
@@ -238,6 +258,7 @@ def main() -> int:
 
     import torch
 
+    from kareus.errors import KareusError
     from kareus.runtime.backend import CudaBackend, shipped_cuda_config
     from kareus.runtime.telemetry import nvml_index
 
@@ -269,8 +290,14 @@ def main() -> int:
             summary["clock_state_error"] = repr(e)
     parts = _llama_partitions()
     device = "cpu" if cpu else "cuda"
-    cfg = shipped_cuda_config("A100" if cpu else summary["gpu"], device=device, comm="copy",
-                         energy="none" if cpu else "nvml", scale=0.125 if cpu else 1.0)
+    try:
+        cfg = shipped_cuda_config("A100" if cpu else summary["gpu"], device=device, comm="copy",
+                                  energy="none" if cpu else "nvml", scale=0.125 if cpu else 1.0)
+    except KareusError as e:  # a GPU model with no shipped config: the summary says so
+        checks["hardware"] = {"ok": False, "error": str(e)}
+        summary["passed"] = False
+        _emit(summary)
+        return 1
     summary["hardware"] = f"{cfg.gpu} (conf/hardware/{cfg.gpu.split('-')[0].lower()}_cuda.yaml)"
     backend = CudaBackend(cfg)
     try:

@@ -332,3 +332,17 @@ def test_a_physical_gpus_thermal_state_is_named_by_host_and_uuid():
     gpu = SimpleNamespace(name="cuda:H200-SXM-141GB:0", device_id="node7:GPU-5d1f")
     assert thermal_device(on_gpu, gpu) == "node7:GPU-5d1f"  # two nodes' cuda:0 stay apart
     assert thermal_device(task, SimpleNamespace(name="sim:A100-SXM4-40GB")) == "sim:A100-SXM4-40GB/fwd_attn_tp2"
+
+
+def test_a_profiler_built_without_a_device_id_keys_thermal_state_by_the_backends_gpu():
+    """The fixed-work and Perseus measurements build their own profiler: on a real GPU it must share
+    the search's state, keyed by the physical GPU, not by the process-local device index."""
+    import kareus.hardware  # noqa: F401
+    from kareus.profiler import Profiler, ProfilerConfig
+    from kareus.registry import HARDWARE
+
+    backend = HARDWARE.build("sim", config={"name": "sim"}, seed=0)
+    backend.device_id = "node7:GPU-5d1f"
+    cfg = ProfilerConfig(cooldown={"name": "thermal"}, frequency={"name": "sim"})
+    assert Profiler(cfg, backend)._thermal_key == "thermal:node7:GPU-5d1f:ThermalCooldown"
+    assert Profiler(cfg, backend, device_id="sim/x")._thermal_key == "thermal:sim/x:ThermalCooldown"

@@ -176,9 +176,12 @@ def test_device_cuda_without_a_gpu_says_how_to_run_on_cpu():
 @pytest.mark.gpu
 @gpu
 def test_gpu_window_reads_positive_energy_and_a_side_stream_overlap():
-    from kareus.runtime.backend import shipped_cuda_config
+    from kareus.runtime.backend import SHIPPED_CUDA_MODELS, gpu_model, shipped_cuda_config
 
-    b = CudaBackend(shipped_cuda_config(torch.cuda.get_device_name(0), device="cuda", comm="copy", energy="nvml"))
+    name = torch.cuda.get_device_name(0)
+    if gpu_model(name).lower() not in SHIPPED_CUDA_MODELS:
+        pytest.skip(f"no shipped hardware config for {name}")
+    b = CudaBackend(shipped_cuda_config(name, device="cuda", comm="copy", energy="nvml"))
     p = _partition()
     c = Candidate(p.key, "norm_0", 16, b.gpu.max_mhz)
     r = b.measure(p, c, 0.2)
@@ -268,6 +271,20 @@ def test_another_gpu_model_names_the_config_to_choose():
     msg = gpu_model_problem("A100-SXM4-40GB", "NVIDIA H200")
     assert msg.startswith("hardware.gpu: ") and "choose hardware=h200_cuda" in msg and "\n" not in msg
     assert "a hardware config for it" in gpu_model_problem("H100-SXM5-80GB", "NVIDIA GeForce RTX 4090")
+
+
+@pytest.mark.parametrize("device,sms,top,key", [
+    ("NVIDIA H100 PCIe", 114, 1755.0, "hardware.sms: 132"),  # the SXM config on the PCIe card
+    ("NVIDIA H100 NVL", 132, 1785.0, "hardware.max_mhz: 1980"),
+    ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", 16, 1980.0, "hardware.sms: 132"),
+    ("NVIDIA H100 80GB HBM3", 132, 1980.0, ""), ("NVIDIA H100 80GB HBM3", 132, None, "")])
+def test_a_config_of_another_variant_of_the_same_model_is_refused(device, sms, top, key):
+    from kareus.runtime.backend import gpu_mismatch, shipped_cuda_config
+
+    msg = gpu_mismatch(shipped_cuda_config("H100"), device, sms, top)
+    assert msg.startswith(key) if key else msg == ""
+    if key:
+        assert "write a hardware config for it" in msg and "h100_cuda.yaml" in msg
 
 
 def test_shipped_cuda_config_reads_the_models_yaml_and_refuses_unknown_models():

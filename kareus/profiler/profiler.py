@@ -51,7 +51,7 @@ class Profiler:
                  emit: Callable[[Any], None] | None = None, *, frequency: Any = None, cooldown: Any = None,
                  device_id: str = "") -> None:
         """``device_id`` names the GPU whose thermal state a learning cooldown keeps in the journal
-        (default: the backend's name); searches that share it share the learned state."""
+        (default: the backend's ``device_id``, else its name); searches that share it share the state."""
         self.cfg = cfg
         self.backend = backend
         self.journal = journal
@@ -70,7 +70,8 @@ class Profiler:
         self._index: dict[str, int] = {}
         self.measured = 0  # candidates actually measured by this instance (not answered from the journal)
         self._anchor_state_loaded = False
-        self._thermal_key = f"thermal:{device_id or backend.name}:{type(cooldown).__name__}"
+        device = device_id or getattr(backend, "device_id", "") or backend.name
+        self._thermal_key = f"thermal:{device}:{type(cooldown).__name__}"
 
     # -- the searcher's view ---------------------------------------------------------------------
     def evaluator(self, partition: PartitionType) -> Evaluate:

@@ -88,17 +88,34 @@ def gpu_model(name: str) -> str:
 
 
 def gpu_model_problem(spec_gpu: str, device_name: str) -> str:
-    """Why the hardware config does not describe this GPU, or "" when its model matches.
-
-    The search space (SM count, clock range and step) and the static power come from the config, so
-    ``hardware=a100_cuda`` on an H200 would search clocks the GPU cannot lock and SMs it lacks.
-    """
+    """Why the hardware config names another GPU model than this one, or "" when the models match."""
     want, have = gpu_model(spec_gpu), gpu_model(device_name)
     if want == have:
         return ""
     hint = f"hardware={have.lower()}_cuda" if have.lower() in SHIPPED_CUDA_MODELS else "a hardware config for it"
     return (f"hardware.gpu: {spec_gpu!r} describes the {want}, but this GPU is {device_name!r}; "
             f"choose {hint} (shipped: {', '.join(m + '_cuda' for m in SHIPPED_CUDA_MODELS)})")
+
+
+def gpu_mismatch(cfg: GPUConfig, device_name: str, device_sms: int, device_max_mhz: float | None) -> str:
+    """Why the hardware config does not describe this GPU, or "" when it does.
+
+    The search space (SM count, clock range) and the static power come from the config, so
+    ``hardware=a100_cuda`` on an H200, or ``h100_cuda`` (SXM, 132 SMs) on an H100 PCIe (114 SMs) or
+    a MIG slice, would search SMs the GPU lacks and clocks it cannot lock.
+    """
+    problem = gpu_model_problem(cfg.gpu, device_name)
+    if problem:
+        return problem
+    own = (f"write a hardware config for it (a copy of conf/hardware/{gpu_model(device_name).lower()}_cuda.yaml "
+           "with its gpu, sms, min_mhz, max_mhz, tdp_w and static_power_w)")
+    if device_sms and cfg.sms != device_sms:
+        return (f"hardware.sms: {cfg.sms} in the config of {cfg.gpu!r}, but {device_name!r} has {device_sms} SMs "
+                f"(another variant, or a MIG slice); {own}")
+    if device_max_mhz and cfg.max_mhz > device_max_mhz:
+        return (f"hardware.max_mhz: {cfg.max_mhz} in the config of {cfg.gpu!r}, above the {device_max_mhz:.0f} MHz "
+                f"that {device_name!r} reaches; {own}")
+    return ""
 
 
 _HARDWARE_CONF = Path(__file__).resolve().parents[1] / "conf" / "hardware"
@@ -139,9 +156,11 @@ class CudaBackend(LockedClock):
         self.name = f"cuda:{cfg.gpu}:{index}" if self.cuda else f"cpu:{cfg.gpu}"
         # the physical GPU, for state learned about it (a Ray task on another node also calls its GPU cuda:0)
         self.device_id = f"{socket.gethostname()}:{cuda_uuid(index) or self.name}" if self.cuda else self.name
-        self.comm = self._start_comm(comm)
         self._nvml_error = ""
         self.nvml = self._open_nvml(index) if self.cuda else None
+        if self.cuda:
+            self._check_gpu(index)
+        self.comm = self._start_comm(comm)
         if self.cuda:
             self.energy = energy_meter(cfg.energy, self.nvml, index)
             if isinstance(self.energy, NoEnergy) and self._nvml_error:
@@ -172,11 +191,6 @@ class CudaBackend(LockedClock):
                 raise KareusError("hardware.device: cuda needs a CUDA GPU and a CUDA build of torch, and torch sees "
                                   "none; use hardware.device=cpu to check the logic without one")
             index = cfg.device_index if cfg.device_index >= 0 else int(os.environ.get("LOCAL_RANK", "0"))
-            problem = gpu_model_problem(cfg.gpu, torch.cuda.get_device_name(index))
-            if problem:
-                from kareus.errors import KareusError
-
-                raise KareusError(problem)
             torch.cuda.set_device(index)
             self.device = torch.device("cuda", index)
             self.main = torch.cuda.current_stream(self.device)
@@ -202,6 +216,24 @@ class CudaBackend(LockedClock):
             init_process_group_from_env(self.device)
             comm.check_ready(self.device)
         return comm
+
+    def _check_gpu(self, index: int) -> None:
+        """Refuse a config that describes another GPU (model, SM count, top clock) before anything runs."""
+        from kareus.errors import KareusError
+
+        torch = self._torch
+        top = None
+        if self.nvml is not None:
+            try:
+                top = self.nvml.max_sm_clock_mhz()
+            except Exception:  # an NVML query this driver lacks: the SM count still checks
+                top = None
+        problem = gpu_mismatch(self.cfg, torch.cuda.get_device_name(index),
+                               int(torch.cuda.get_device_properties(index).multi_processor_count), top)
+        if problem:
+            if self.nvml is not None:
+                self.nvml.close()
+            raise KareusError(problem)
 
     def _open_nvml(self, index: int) -> NVMLDevice | None:
         try:
@@ -405,7 +437,7 @@ class CudaBackend(LockedClock):
 
         One lone execution carries the launch's fixed costs and cold caches: a window sized from it
         ran up to 2.5x short of the asked length (seen on the CPU). Ranks of a TP group agree on every
-        doubling, so each issues the same collectives. Costs about 15% of the window.
+        doubling, so each issues the same collectives. Costs 15-30% of the window.
         """
         n, t = 1, self._timed(run, 1)
         while self._agree(int(n * t < 0.05 * window_s and n < 1 << 16)):
