@@ -72,6 +72,14 @@ def test_llama_tp8_shapes():
     assert padded_vocab_size(128256, 8) == 129024 and padded_vocab_size(151936, 8) == 152576
 
 
+def test_cross_entropy_moves_megatron_cores_unfused_bytes_per_logit():
+    """fp32 cast, max, subtract and exp in place, sum, divide (38 B); backward scale and cast (14 B)."""
+    w = build_workload(LLAMA, TP8)
+    logits = 16384 * padded_vocab_size(128256, 8) // 8
+    assert ops_by_name(w.stage(1).post_fwd)["cross_entropy"].bytes == 38 * logits
+    assert ops_by_name(w.stage(1).pre_bwd)["cross_entropy_bwd"].bytes == 14 * logits
+
+
 def test_cp2_tp4_comm_and_attention():
     w = build_workload(QWEN, CP2)
     T = 4 * 4096 // 2

@@ -119,11 +119,16 @@ def _output(s: Shard, sp: bool, tp_link: Link) -> tuple[tuple[Op, ...], tuple[Op
     if s.tp > 1 and sp:
         fwd.append(comm("output_allgather", Collective.ALL_GATHER, Ts * h * BYTES, s.tp, tp_link))
     fwd.append(gemm("output", T, h, V))
-    fwd.append(memory("cross_entropy", OpKind.ELEMENTWISE, T * V, 5, 3))
+    # megatron-core's unfused vocab-parallel cross-entropy, per logit: cast to fp32 (read 2 B, write 4),
+    # max (read 4), subtract the max and exp in place (read+write 4, twice), sum (read 4) and divide
+    # by the sum, keeping the softmax for backward (read+write 4): 38 B, 19 two-byte passes
+    fwd.append(memory("cross_entropy", OpKind.ELEMENTWISE, T * V, 5, 19))
     if s.tp > 1:  # max, target logit and sum of exp over the vocab shards (fp32 per token)
         fwd += [comm(f"loss_{what}_allreduce", Collective.ALL_REDUCE, T * 4, s.tp, tp_link)
                 for what in ("max", "target", "sumexp")]
-    bwd: list[Op] = [memory("cross_entropy_bwd", OpKind.ELEMENTWISE, T * V, 2, 2),
+    # backward: scale the saved fp32 softmax by the loss gradient in place (read+write 4 B), then the
+    # cast to the output GEMM's bf16 (read 4, write 2): 14 B, 7 two-byte passes
+    bwd: list[Op] = [memory("cross_entropy_bwd", OpKind.ELEMENTWISE, T * V, 2, 7),
                      gemm("output_dgrad", T, V, h), gemm("output_wgrad", h, T, V)]
     if s.tp > 1:
         if sp:

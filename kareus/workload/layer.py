@@ -9,8 +9,10 @@ all-gather precedes each column-parallel GEMM.
 Backward runs the reverse; each GEMM becomes dgrad then wgrad, and the column-parallel input gradient
 is all-reduced (reduce-scattered under SP) after both. Context parallelism (all-gather flavour, as
 Transformer Engine runs it) gathers K/V again before the attention backward and reduce-scatters dK/dV.
-Not modelled: Megatron's overlap of the input-gradient all-reduce with wgrad (the sequential baseline
-runs them in order), and the re-gather of a column-parallel GEMM's input for wgrad under SP.
+megatron-core runs a column-parallel GEMM's wgrad under its input-gradient collective; the Megatron
+reference launches that collective at the wgrad (partition.sequential.megatron_slot). Not modelled:
+the re-gather of a column-parallel GEMM's input for wgrad under SP (megatron-core all-gathers it
+again during dgrad), so SP backward passes lack two all-gathers per layer.
 """
 from __future__ import annotations
 
