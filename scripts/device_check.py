@@ -290,16 +290,16 @@ def main() -> int:
             summary["clock_state_error"] = repr(e)
     parts = _llama_partitions()
     device = "cpu" if cpu else "cuda"
-    try:
+    try:  # a GPU with no shipped config, or of another variant (SMs, top clock): the summary says so
         cfg = shipped_cuda_config("A100" if cpu else summary["gpu"], device=device, comm="copy",
                                   energy="none" if cpu else "nvml", scale=0.125 if cpu else 1.0)
-    except KareusError as e:  # a GPU model with no shipped config: the summary says so
+        backend = CudaBackend(cfg)
+    except KareusError as e:
         checks["hardware"] = {"ok": False, "error": str(e)}
         summary["passed"] = False
         _emit(summary)
         return 1
     summary["hardware"] = f"{cfg.gpu} (conf/hardware/{cfg.gpu.split('-')[0].lower()}_cuda.yaml)"
-    backend = CudaBackend(cfg)
     try:
         _check(checks, "partitions", lambda: check_partitions(backend, parts, args.window, power_limit, idle_w))
         _check(checks, "overlap", lambda: check_overlap(backend, parts, args.window / 2))

@@ -332,6 +332,9 @@ def test_a_physical_gpus_thermal_state_is_named_by_host_and_uuid():
     gpu = SimpleNamespace(name="cuda:H200-SXM-141GB:0", device_id="node7:GPU-5d1f")
     assert thermal_device(on_gpu, gpu) == "node7:GPU-5d1f"  # two nodes' cuda:0 stay apart
     assert thermal_device(task, SimpleNamespace(name="sim:A100-SXM4-40GB")) == "sim:A100-SXM4-40GB/fwd_attn_tp2"
+    on_cpu = PartitionSearchTask(partition=task.partition, hardware={"name": "cuda", "device": "cpu"}, search=SEARCH,
+                                 profiler=FAST_PROFILER, seed=1, journal_path="j", config_hash="h")
+    assert thermal_device(on_cpu, SimpleNamespace(name="cpu:A100", device_id="cpu:A100")) == "cpu:A100/fwd_attn_tp2"
 
 
 def test_a_profiler_built_without_a_device_id_keys_thermal_state_by_the_backends_gpu():

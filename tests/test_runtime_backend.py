@@ -359,6 +359,18 @@ def test_device_check_dry_run_on_cpu_writes_its_summary(tmp_path, monkeypatch, c
         assert mod.main() == 1
         failed = json.loads((tmp_path / "device_check.json").read_text())
         assert not failed["passed"] and not failed["checks"]["cuda"]["ok"]
+    # a config the backend refuses (another variant of the GPU) still ends in a summary that says why
+    import kareus.runtime.backend as backend_mod
+    from kareus.errors import KareusError
+
+    def refuse(cfg, comm=None, seed=0):
+        raise KareusError("hardware.sms: 132 in the config, but 'NVIDIA H100 PCIe' has 114 SMs")
+
+    monkeypatch.setattr(backend_mod, "CudaBackend", refuse)
+    monkeypatch.setattr("sys.argv", ["device_check.py", "--cpu", "--window", "0.02"])
+    assert mod.main() == 1
+    refused = json.loads((tmp_path / "device_check.json").read_text())
+    assert not refused["passed"] and refused["checks"]["hardware"]["error"].startswith("hardware.sms")
 
 
 # -- the clock NVML reads during a window against the locked one -------------------------------------------

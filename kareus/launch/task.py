@@ -81,10 +81,11 @@ def thermal_device(task: PartitionSearchTask, backend: Any) -> str:
     """Which GPU's learned thermal state (cooldown anchors, fits) this search shares in the journal.
 
     A physical GPU's: searches that run on it, one after another, share what it taught. Each task
-    builds a fresh simulated GPU, so there the state is the task's own; shared, it would make a
-    parallel launcher's frontiers depend on which worker journaled first.
+    builds a fresh simulated GPU (or a CPU stand-in, ``device: cpu``), so there the state is the
+    task's own; shared, it would make a parallel launcher's frontiers depend on which worker
+    journaled first.
     """
-    if is_real_gpu(task.hardware):
+    if is_real_gpu(task.hardware) and task.hardware.get("device", "cuda") != "cpu":
         return str(getattr(backend, "device_id", "") or backend.name)
     return f"{backend.name}/{task.partition.key}"
 
