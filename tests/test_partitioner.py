@@ -239,3 +239,15 @@ def test_megatron_reference_is_the_unsplit_layout_with_the_same_work(layout):
         unsplit = meg.instruction(work.stage, work.direction)
         assert totals(meg, unsplit) == pytest.approx(totals(nb, work), rel=1e-9)
         assert 2 * sum(unsplit.counts.values()) == sum(work.counts.values())
+
+
+@pytest.mark.parametrize("layout", [replace(TP8, sequence_parallel=True), replace(CP2, sequence_parallel=True)])
+def test_megatron_overlaps_the_sp_regather_with_dgrad_and_the_reduce_scatter_with_wgrad(layout):
+    """megatron-core launches the re-gather of a column-parallel input with dgrad and its input
+    gradient's reduce-scatter with wgrad; every other comm of Megatron's layout runs after its compute."""
+    from kareus.partition.sequential import megatron_partitioning, megatron_slot
+
+    types = megatron_partitioning(build_workload(QWEN, layout)).types
+    at = {t.comm.name: [o.name for o in t.compute][t.slots[0].ops[0]] for t in types if megatron_slot(t) != SEQUENTIAL}
+    assert at == {"fc1_regather_bwd": "fc1_dgrad", "fc1_reducescatter_bwd": "fc1_wgrad",
+                  "qkv_regather_bwd": "qkv_dgrad", "qkv_reducescatter_bwd": "qkv_wgrad"}

@@ -80,6 +80,22 @@ def test_cross_entropy_moves_megatron_cores_unfused_bytes_per_logit():
     assert ops_by_name(w.stage(1).pre_bwd)["cross_entropy_bwd"].bytes == 14 * logits
 
 
+def test_sequence_parallel_backward_gathers_each_column_parallel_input_again_for_wgrad():
+    """Under SP the forward kept only the sequence shard of the qkv and fc1 inputs: the backward
+    all-gathers each again, after dgrad (where megatron-core waits for it) and before wgrad."""
+    sp = build_workload(QWEN, ParallelSpec(tp=8, pp=2, micro_batch_size=8, num_microbatches=8, seq_len=4096,
+                                           sequence_parallel=True))
+    names = [o.name for o in sp.stage(0).layer_bwd]
+    b = ops_by_name(sp.stage(0).layer_bwd)
+    for gemm in ("fc1", "qkv"):
+        i = names.index(f"{gemm}_regather_bwd")
+        assert names[i - 1] == f"{gemm}_dgrad" and names[i + 1] == f"{gemm}_wgrad"
+        assert names[i + 2] == f"{gemm}_reducescatter_bwd"
+        op = b[f"{gemm}_regather_bwd"]
+        assert op.collective is Collective.ALL_GATHER and op.message_bytes == 16384 // 8 * 2048 * 2
+    assert not any("regather" in o.name for o in build_workload(QWEN, TP8).stage(0).layer_bwd)
+
+
 def test_cp2_tp4_comm_and_attention():
     w = build_workload(QWEN, CP2)
     T = 4 * 4096 // 2

@@ -75,6 +75,8 @@ _BWD_RULES: tuple[tuple[str, Callable[[set[str]], bool]], ...] = (
     ("a", lambda n: "attention_bwd" in n),
     ("o", lambda n: "attn_proj_dgrad" in n),
     ("qkv", lambda n: "qkv_dgrad" in n),
+    ("mlpw", lambda n: "fc1_wgrad" in n),  # SP: a column-parallel wgrad alone, after its input's re-gather
+    ("qkvw", lambda n: "qkv_wgrad" in n),
     ("mlp_norm", lambda n: "pre_mlp_norm_bwd" in n or "attn_bda_bwd" in n),
     ("attn_norm", lambda n: "input_norm_bwd" in n or "mlp_bda_bwd" in n),
 )

@@ -40,10 +40,11 @@ MEGATRON_PREFIX = "megatron:"
 
 def megatron_partitioning(workload: Workload, merge_boundary: bool = False) -> Partitioning:
     """Megatron-LM's layout of ``workload``'s model and parallelism: each microbatch unsplit (one
-    nanobatch, whatever ``parallel.nanobatches`` says), every comm after its compute but one: the
-    backward all-reduce (reduce-scatter under SP) of a column-parallel GEMM's input gradient, which
-    megatron-core launches asynchronously after dgrad and runs wgrad under. Such a partition has one
-    slot, at that wgrad (see :func:`megatron_slot`); the others have none.
+    nanobatch, whatever ``parallel.nanobatches`` says), every comm after its compute but the ones
+    megatron-core runs asynchronously beside a column-parallel GEMM's backward: the input gradient's
+    all-reduce (reduce-scatter under SP), launched after dgrad with wgrad under it, and under SP the
+    re-gather of the GEMM's input, launched with dgrad. Such a partition has one slot, at that wgrad
+    or dgrad (see :func:`megatron_slot`); the others have none.
 
     Splitting a microbatch costs kernel efficiency (smaller kernels, more launches), so a reference
     measured on nanobatched partitions would flatter every plan. Each stage's first chain is its own
@@ -62,14 +63,17 @@ def megatron_partitioning(workload: Workload, merge_boundary: bool = False) -> P
 
 
 def _under_wgrad(chain: tuple[Op, ...], comm: Op) -> tuple[Slot, ...]:
-    """The slot at the wgrad that megatron-core runs under ``comm``, where ``comm`` collects the input
-    gradient of the GEMM whose dgrad and wgrad end ``chain``; otherwise none."""
-    gemm = comm.name.rsplit("_", 2)[0]  # qkv_allreduce_bwd -> qkv
-    if not comm.name.endswith("_bwd") or len(chain) < 2:
+    """Where megatron-core overlaps ``comm`` with the end of ``chain``: the input-gradient all-reduce
+    (reduce-scatter under SP) of a column-parallel GEMM runs under that GEMM's wgrad, and under SP the
+    re-gather of its input runs under its dgrad. One slot, at that op; otherwise none."""
+    if not comm.name.endswith("_bwd") or not chain or comm.name.count("_") < 2:
         return ()
-    if (chain[-2].name, chain[-1].name) != (f"{gemm}_dgrad", f"{gemm}_wgrad"):
+    gemm, kind = comm.name.rsplit("_", 2)[:2]  # qkv_allreduce_bwd -> qkv, allreduce
+    at = {"allreduce": f"{gemm}_wgrad", "reducescatter": f"{gemm}_wgrad", "regather": f"{gemm}_dgrad"}.get(kind)
+    if at is None or chain[-1].name != at:
         return ()
-    return (build_slots(chain)[-1],)
+    slot = build_slots(chain)[-1]
+    return (slot,) if slot.ops == (len(chain) - 1,) else ()
 
 
 def megatron_slot(partition: PartitionType) -> str:

@@ -9,10 +9,12 @@ all-gather precedes each column-parallel GEMM.
 Backward runs the reverse; each GEMM becomes dgrad then wgrad, and the column-parallel input gradient
 is all-reduced (reduce-scattered under SP) after both. Context parallelism (all-gather flavour, as
 Transformer Engine runs it) gathers K/V again before the attention backward and reduce-scatters dK/dV.
-megatron-core runs a column-parallel GEMM's wgrad under its input-gradient collective; the Megatron
-reference launches that collective at the wgrad (partition.sequential.megatron_slot). Not modelled:
-the re-gather of a column-parallel GEMM's input for wgrad under SP (megatron-core all-gathers it
-again during dgrad), so SP backward passes lack two all-gathers per layer.
+Under SP a column-parallel GEMM's forward kept only its sequence shard of the input, so its backward
+all-gathers the input again for wgrad (``<gemm>_regather_bwd``). megatron-core launches that gather
+before dgrad and waits for it before wgrad; the op list puts it after dgrad, the GEMM its wait
+follows, which is the only dependency this order adds. megatron-core then runs wgrad under the input
+gradient's collective; the Megatron reference launches the re-gather at dgrad and that collective at
+wgrad (partition.sequential.megatron_slot).
 """
 from __future__ import annotations
 
@@ -89,8 +91,7 @@ def layer_backward(model: ModelSpec, s: Shard, sp: bool, tp_link: Link, cp_link:
     ops += [_rename(o, "_bwd") for o in _sp_in("mlp", s, sp, tp_link)]
     ops += _grads("fc2", T, s.ffn_local, h)
     ops.append(memory("swiglu_bwd", OpKind.ELEMENTWISE, T * s.ffn_local, 8, 5))
-    ops += _grads("fc1", T, h, 2 * s.ffn_local)
-    ops += [_rename(o, "_bwd") for o in _tp_out("fc1", s, sp, tp_link)]
+    ops += _column_grads("fc1", T, h, 2 * s.ffn_local, s, sp, tp_link)
     ops.append(memory("pre_mlp_norm_bwd", OpKind.NORM, Ts * h, 8, 4))
     ops.append(memory("attn_bda_bwd", OpKind.ELEMENTWISE, Ts * h, 1, 2))
     ops += [_rename(o, "_bwd") for o in _sp_in("attn", s, sp, tp_link)]
@@ -105,10 +106,18 @@ def layer_backward(model: ModelSpec, s: Shard, sp: bool, tp_link: Link, cp_link:
     ops.append(memory("rope_bwd", OpKind.ROPE, T * qk, 3, 2))
     if model.qk_layernorm:
         ops.append(memory("qk_norm_bwd", OpKind.NORM, T * qk, 8, 3))
-    ops += _grads("qkv", T, h, s.q_local + 2 * s.kv_local)
-    ops += [_rename(o, "_bwd") for o in _tp_out("qkv", s, sp, tp_link)]
+    ops += _column_grads("qkv", T, h, s.q_local + 2 * s.kv_local, s, sp, tp_link)
     ops.append(memory("input_norm_bwd", OpKind.NORM, Ts * h, 8, 4))
     return tuple(ops)
+
+
+def _column_grads(name: str, m: int, k: int, n: int, s: Shard, sp: bool, link: Link) -> list[Op]:
+    """Backward of a column-parallel GEMM: dgrad, [SP: re-gather of its input], wgrad, then the
+    input gradient's all-reduce (reduce-scatter under SP)."""
+    dgrad, wgrad = _grads(name, m, k, n)
+    regather = [] if s.tp == 1 or not sp else [
+        comm(f"{name}_regather_bwd", Collective.ALL_GATHER, s.sp_tokens * s.hidden * BYTES, s.tp, link)]
+    return [dgrad, *regather, wgrad, *(_rename(o, "_bwd") for o in _tp_out(name, s, sp, link))]
 
 
 def _rename(op: Op, suffix: str) -> Op:
