@@ -11,7 +11,9 @@
    ``<dir>_<segment>`` with ``_<ar|ag|rs>`` added where one segment meets several comms, which gives
    the published keys: ``fwd_attn``/``fwd_mlp``/``bwd_mlp``/``bwd_attn`` for TP only and
    ``fwd_qkv_ar``, ``fwd_qkv_ag``, ``fwd_ao_ag``, ``fwd_ao_ar``, ``fwd_mlp``, ``bwd_mlp``, ``bwd_o_ar``,
-   ``bwd_o_ag``, ``bwd_a_ag``, ``bwd_a_rs``, ``bwd_qkv_rs``, ``bwd_qkv_ar`` for CP + TP.
+   ``bwd_o_ag``, ``bwd_a_ag``, ``bwd_a_rs``, ``bwd_qkv_rs``, ``bwd_qkv_ar`` for CP + TP. Under
+   sequence parallelism a column-parallel wgrad sits alone between its input's re-gather and its
+   input gradient's reduce-scatter: ``mlpw`` (fc1) and ``qkvw``.
 """
 from __future__ import annotations
 

@@ -128,8 +128,10 @@ def _output(s: Shard, sp: bool, tp_link: Link) -> tuple[tuple[Op, ...], tuple[Op
                 for what in ("max", "target", "sumexp")]
     # backward: scale the saved fp32 softmax by the loss gradient in place (read+write 4 B), then the
     # cast to the output GEMM's bf16 (read 4, write 2): 14 B, 7 two-byte passes
-    bwd: list[Op] = [memory("cross_entropy_bwd", OpKind.ELEMENTWISE, T * V, 2, 7),
-                     gemm("output_dgrad", T, V, h), gemm("output_wgrad", h, T, V)]
+    bwd: list[Op] = [memory("cross_entropy_bwd", OpKind.ELEMENTWISE, T * V, 2, 7), gemm("output_dgrad", T, V, h)]
+    if s.tp > 1 and sp:  # the output layer is column-parallel too: its input is gathered again for wgrad
+        bwd.append(comm("output_regather_bwd", Collective.ALL_GATHER, Ts * h * BYTES, s.tp, tp_link))
+    bwd.append(gemm("output_wgrad", h, T, V))
     if s.tp > 1:
         if sp:
             bwd.append(comm("output_reducescatter_bwd", Collective.REDUCE_SCATTER, Ts * h * BYTES, s.tp, tp_link))
