@@ -544,6 +544,32 @@ def test_config_validation_asks_for_a_controller_that_locks_a_real_gpu():
     assert validate_clock_control(CudaConfig(device="cpu"), sim) == []  # a CPU check has no clock to lock
 
 
+def test_the_unlocked_controller_leaves_the_clock_to_the_gpu_and_measures_at_the_top_clock_alone(compose):
+    """For users who may not lock clocks: valid on a real GPU, it never touches the GPU, holds windows to
+    no lock, and refuses any clock but the top one (the space must be the top clock alone)."""
+    from kareus.config.validate import ConfigError, validate, validate_clock_control
+    from kareus.errors import KareusError
+    from kareus.profiler import ProfilerConfig
+    from kareus.registry import FREQUENCY_CONTROLLERS
+
+    unlocked = ProfilerConfig(frequency={"name": "unlocked"})
+    assert validate_clock_control(CudaConfig(), unlocked) == []
+    assert validate_clock_control(CudaConfig(device="cpu"), unlocked) == []
+    b = _cpu()
+    ctl = FREQUENCY_CONTROLLERS.build("unlocked", b, config={"name": "unlocked"})
+    with ctl:
+        ctl.set(b.gpu.max_mhz)
+        assert b.clock() == b.gpu.max_mhz and not b._clock_locked  # bookkeeping, no lock to check windows by
+        with pytest.raises(KareusError, match="no_clock_search"):
+            ctl.set(b.gpu.max_mhz - b.gpu.step_mhz)
+    base = ("+model=tiny", "parallel=pp2_tp2", "hardware=a100_cuda", "profiler/frequency=unlocked")
+    with pytest.raises(ConfigError, match=r"search\.space\.freq_mhz: profiler\.frequency=unlocked"):
+        validate(compose(*base))
+    validate(compose(*base, "+experiment=no_clock_search"))
+    with pytest.raises(ConfigError, match="'compensated' probes other clocks"):
+        validate(compose(*base, "+experiment=no_clock_search", "profiler/cooldown=compensated"))
+
+
 def test_config_validation_keeps_worker_processes_off_a_real_gpu():
     from kareus.config.validate import ValidationContext
     from kareus.launch.launchers import ProcessLauncherConfig

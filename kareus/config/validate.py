@@ -131,13 +131,34 @@ def validate_clock_control(hardware: Any, profiler: Any) -> list[str]:
     name = str(section(profiler.frequency).get("name", ""))
     if name not in FREQUENCY_CONTROLLERS:
         return []  # reported by the profiler's own rules
-    locks = bool(getattr(FREQUENCY_CONTROLLERS.get(name).factory, "locks_gpu", False))
-    if real == locks:
+    locks = getattr(FREQUENCY_CONTROLLERS.get(name).factory, "locks_gpu", False)
+    if locks is None or real == bool(locks):  # None: a controller that leaves the clock alone fits both
         return []
-    allowed = ", ".join(e.name for e in FREQUENCY_CONTROLLERS if bool(getattr(e.factory, "locks_gpu", False)) == real)
+    allowed = ", ".join(e.name for e in FREQUENCY_CONTROLLERS
+                        if getattr(e.factory, "locks_gpu", False) is None or bool(getattr(e.factory, "locks_gpu", False)) == real)
     why = (f"does not lock a real GPU's clock (hardware.name={hardware.name}, device=cuda)" if real
            else f"locks a physical GPU, but hardware.name={hardware.name} measures none")
     return [f"profiler.frequency: {name!r} {why}; allowed here: {allowed} (profiler/frequency=NAME)"]
+
+
+def validate_unlocked_clock(profiler: Any, search: Any, gpu: Any) -> list[str]:
+    """``profiler/frequency=unlocked`` measures at the GPU's own clock, nominally the top one: the
+    space must hold that clock alone, and no cooldown may probe other clocks."""
+    from kareus.profiler.config import section
+    from kareus.search.space import clocks
+
+    if str(section(profiler.frequency).get("name", "")) != "unlocked":
+        return []
+    out = []
+    space = getattr(search, "space", None)
+    if space is not None and clocks(space, gpu) != [gpu.max_mhz]:
+        out.append(f"search.space.freq_mhz: profiler.frequency=unlocked measures at the top clock "
+                   f"({gpu.max_mhz} MHz) alone; add +experiment=no_clock_search")
+    cooldown = str(section(profiler.cooldown).get("name", ""))
+    if cooldown == "compensated":
+        out.append("profiler.cooldown: 'compensated' probes other clocks, which profiler.frequency=unlocked "
+                   "cannot set; allowed here: fixed, none, temperature, predictive, thermal")
+    return out
 
 
 def _unknown_keys(prefix: str, node: Any) -> list[str]:
@@ -191,6 +212,8 @@ def validate(cfg: Any) -> dict[str, Any]:
     problems += validate_model_parallel(model, cfg.parallel, gpu.gpus_per_node if gpu else 8)
     if "hardware" in typed and "profiler" in typed:
         problems += validate_clock_control(typed["hardware"], typed["profiler"])
+        if gpu is not None:
+            problems += validate_unlocked_clock(typed["profiler"], typed.get("search"), gpu)
     real = "hardware" in typed and measures_real_gpu(typed["hardware"])
     ctx = ValidationContext(gpu=gpu, parallel=cfg.parallel, model=model, mode=mode, real_gpu=real)
     # a rule may name a key of another section (the partitioner's parallel.nanobatches): kept as it is

@@ -63,6 +63,46 @@ class SimFrequencyController(FrequencyController):
         self.locked = None
 
 
+@dataclass
+class UnlockedFrequencyConfig:
+    name: str = "unlocked"
+
+
+@FREQUENCY_CONTROLLERS.register("unlocked", UnlockedFrequencyConfig)
+class UnlockedFrequencyController(FrequencyController):
+    """Leaves the clock to the GPU (its own boost, power and thermal management) and never touches it.
+
+    For users who may not lock clocks (no admin rights, no zeusd), and for checks on a GPU whose
+    clocks must stay as found: the search covers launch slots and comm SMs at one nominal clock, the
+    hardware's top clock (``+experiment=no_clock_search``), and each reading carries the clock NVML
+    sampled. Plans then keep every instruction at that clock, so they save static energy by overlap
+    but no dynamic energy by clock; a clock other than the top is refused.
+    """
+
+    locks_gpu = None  # neither locks nor needs a lock: valid on real and simulated backends
+
+    def __init__(self, cfg: UnlockedFrequencyConfig, backend: HardwareBackend | None = None) -> None:
+        self.cfg = cfg
+        self.backend = backend
+
+    def set(self, mhz: int) -> None:
+        if self.locked == mhz:
+            return
+        top = self.backend.gpu.max_mhz if self.backend is not None else int(mhz)
+        if int(mhz) != top:
+            raise KareusError(f"profiler.frequency=unlocked leaves the clock to the GPU, so it measures at the "
+                              f"top clock ({top} MHz) alone, not {mhz} MHz; add +experiment=no_clock_search, "
+                              f"or lock clocks with profiler/frequency=nvml or zeus")
+        if self.backend is not None:
+            from kareus.hardware.base import LockedClock
+
+            LockedClock.set_clock(self.backend, int(mhz))  # bookkeeping only, not a lock to hold windows to
+        self.locked = int(mhz)
+
+    def reset(self) -> None:
+        self.locked = None
+
+
 class SignalGuard:
     """Turns SIGTERM and SIGHUP into SystemExit while clocks are locked, so ``finally``/``with`` resets them.
 
@@ -166,8 +206,8 @@ class DeviceLockController(FrequencyController):
                 if why is None:
                     raise
                 raise KareusError(f"profiler.frequency={self.name}: {why} ({type(e).__name__}: {e}); run "
-                                  f"as a user who may lock clocks, or profiler/frequency=sim on a "
-                                  f"simulated GPU") from None
+                                  f"as a user who may lock clocks, or search slots and SMs at the GPU's "
+                                  f"own clock with profiler/frequency=unlocked +experiment=no_clock_search") from None
         self.locked = int(mhz)
         if self.backend is not None:
             self.backend.set_clock(int(mhz))  # bookkeeping only: the backend records the locked clock
