@@ -17,6 +17,10 @@ Checks, each reported with its numbers:
 - zeus: a ZeusMonitor window reads energy > 0 for the same partition (skipped without zeus);
 - the backend runs with the shipped hardware config of the GPU it finds (``hardware=h200_cuda`` on an
   H200), and refuses one of another GPU model;
+- e2e: the whole pipeline, ``python -m kareus +model=tiny parallel=pp2_tp2`` on this GPU's shipped
+  config with ``profiler/frequency=unlocked +experiment=no_clock_search`` (the clock left to the GPU),
+  short windows and no MLflow: it must exit 0 with a plan; with ``--cpu`` it runs on the simulated
+  A100 (skipped where hydra-core, xgboost, highspy, moocore or lowtime is missing);
 - clocks_untouched: the enforced power limit and the application clocks are the same before and
   after (NVML has no getter for locked clocks; the checks here lock none).
 
@@ -237,6 +241,39 @@ def check_zeus(backend_cls: Any, cfg: Any, parts: dict[str, Any], window_s: floa
             "energy_j": r.energy_j if r.ok else None, "error": r.error}
 
 
+E2E_NEEDS = ("hydra", "omegaconf", "xgboost", "highspy", "moocore", "lowtime", "rich")
+
+
+def check_e2e(model: str | None, budget: int, timeout_s: float) -> dict[str, Any]:
+    """The whole pipeline in a subprocess: ``model`` names the shipped ``<model>_cuda`` config (None:
+    the simulated A100); the clock is left to the GPU, so nothing is locked."""
+    import importlib.util
+    import subprocess
+    import tempfile
+
+    missing = [m for m in E2E_NEEDS if importlib.util.find_spec(m) is None]
+    if missing:
+        return {"ok": False, "skipped": True, "error": f"needs {', '.join(missing)} (pip install -e .)"}
+    with tempfile.TemporaryDirectory() as tmp:
+        args = [sys.executable, "-m", "kareus", "+model=tiny", "parallel=pp2_tp2", "profiler/frequency=unlocked",
+                "+experiment=no_clock_search", "tracking.enabled=false", "progress=false", f"search.budget={budget}",
+                "profiler.target_window_s=0.3", "profiler.min_window_s=0.1", "profiler.cooldown.seconds=0",
+                "profiler.settle_s=0", f"hydra.run.dir={tmp}/run"]
+        if model is not None:
+            args += [f"hardware={model}_cuda", "hardware.comm=copy"]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        done = subprocess.run(args, cwd=tmp, env=env, capture_output=True, text=True, timeout=timeout_s)
+        summary_path = Path(tmp) / "run" / "summary.json"
+        out: dict[str, Any] = {"command": " ".join(args[1:-1]), "rc": done.returncode,
+                               "tail": (done.stdout + done.stderr)[-1500:]}
+        if done.returncode == 0 and summary_path.exists():
+            summary = json.loads(summary_path.read_text())
+            out.update({"hardware": summary.get("hardware"), "profiled": summary.get("profiled"),
+                        "reference": summary.get("reference"), "selected": summary.get("selected")})
+        out["ok"] = done.returncode == 0 and bool(out.get("selected"))
+        return out
+
+
 def check_wrong_model(backend_cls: Any, cfg: Any, device_name: str) -> dict[str, Any]:
     """A hardware config of another GPU model is refused at backend start, naming the one to use."""
     from kareus.errors import KareusError
@@ -254,12 +291,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cpu", action="store_true", help="dry run on the CPU (tiny shapes, no energy)")
     ap.add_argument("--window", type=float, default=0.5, help="measurement window in seconds")
+    ap.add_argument("--e2e-budget", type=int, default=8, help="profiles per partition in the end-to-end run")
     args = ap.parse_args()
 
     import torch
 
     from kareus.errors import KareusError
-    from kareus.runtime.backend import CudaBackend, shipped_cuda_config
+    from kareus.runtime.backend import CudaBackend, gpu_model, shipped_cuda_config
     from kareus.runtime.telemetry import nvml_index
 
     cpu = args.cpu
@@ -313,9 +351,11 @@ def main() -> int:
         _check(checks, "nccl", lambda: check_nccl(CudaBackend, cfg, parts, args.window))
         _check(checks, "zeus", lambda: check_zeus(CudaBackend, cfg, parts, args.window))
         _check(checks, "wrong_model_refused", lambda: check_wrong_model(CudaBackend, cfg, summary["gpu"]))
-        if before is not None:
-            after = _clock_state(index)
-            checks["clocks_untouched"] = {"ok": after == before, "before": before, "after": after}
+    model = None if cpu else gpu_model(cfg.gpu).lower()
+    _check(checks, "e2e", lambda: check_e2e(model, args.e2e_budget, 300.0))
+    if not cpu and before is not None:
+        after = _clock_state(index)
+        checks["clocks_untouched"] = {"ok": after == before, "before": before, "after": after}
     ran = [c for c in checks.values() if not c.get("skipped")]
     summary["passed"] = bool(ran) and all(c.get("ok") for c in ran)
     summary["seconds"] = round(time.perf_counter() - t0, 1)
