@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Check Kareus' real-GPU runtime on one GPU in about a minute; never changes clocks or power limits.
+"""Check Kareus' real-GPU runtime on one GPU in a few minutes; never changes clocks or power limits.
 
 Checks, each reported with its numbers:
 - nvml: NVML reads the GPU's name, SM clock, temperature, power, power limit and energy counter;
@@ -27,7 +27,8 @@ Checks, each reported with its numbers:
 Prints one JSON summary to stdout and writes it to ``$OUT/device_check.json`` when ``$OUT`` is set.
 Exit status 0 when every check that ran passed. Needs torch (CUDA build), nvidia-ml-py and numpy;
 Triton (shipped with CUDA torch) for the comm-like copy; zeus optional. Run from the repo root:
-``PYTHONUNBUFFERED=1 python3 scripts/device_check.py`` (about a minute on an H100/H200). ``--cpu`` runs the same code paths on the CPU with
+``PYTHONUNBUFFERED=1 python3 scripts/device_check.py`` (a few minutes on an H100/H200; the
+end-to-end run is most of it). ``--cpu`` runs the same code paths on the CPU with
 tiny shapes (energy checks skipped): a dry run of this script where no GPU is present.
 """
 from __future__ import annotations
@@ -241,7 +242,8 @@ def check_zeus(backend_cls: Any, cfg: Any, parts: dict[str, Any], window_s: floa
             "energy_j": r.energy_j if r.ok else None, "error": r.error}
 
 
-E2E_NEEDS = ("hydra", "omegaconf", "xgboost", "highspy", "moocore", "lowtime", "rich")
+E2E_NEEDS = ("hydra", "omegaconf", "yaml", "scipy", "threadpoolctl", "xgboost", "highspy", "moocore", "lowtime",
+             "rich")
 
 
 def check_e2e(model: str | None, budget: int, timeout_s: float) -> dict[str, Any]:

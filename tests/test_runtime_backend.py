@@ -562,12 +562,21 @@ def test_the_unlocked_controller_leaves_the_clock_to_the_gpu_and_measures_at_the
         assert b.clock() == b.gpu.max_mhz and not b._clock_locked  # bookkeeping, no lock to check windows by
         with pytest.raises(KareusError, match="no_clock_search"):
             ctl.set(b.gpu.max_mhz - b.gpu.step_mhz)
+    executor_side = FREQUENCY_CONTROLLERS.build("unlocked", None, config={"name": "unlocked"})
+    executor_side.set(1410)
+    executor_side.reset()
+    with pytest.raises(KareusError, match="not 1200 MHz"):  # a plan of several clocks cannot run unlocked
+        executor_side.set(1200)
     base = ("+model=tiny", "parallel=pp2_tp2", "hardware=a100_cuda", "profiler/frequency=unlocked")
     with pytest.raises(ConfigError, match=r"search\.space\.freq_mhz: profiler\.frequency=unlocked"):
         validate(compose(*base))
     validate(compose(*base, "+experiment=no_clock_search"))
     with pytest.raises(ConfigError, match="'compensated' probes other clocks"):
         validate(compose(*base, "+experiment=no_clock_search", "profiler/cooldown=compensated"))
+    with pytest.raises(ConfigError, match=r"profiler\.cooldown\.reference_mhz: .* set 0"):
+        validate(compose(*base, "+experiment=no_clock_search", "profiler/cooldown=thermal",
+                         "profiler.cooldown.reference_mhz=1200"))
+    validate(compose(*base, "+experiment=no_clock_search", "profiler/cooldown=thermal"))
 
 
 def test_config_validation_keeps_worker_processes_off_a_real_gpu():

@@ -149,12 +149,18 @@ def validate_unlocked_clock(profiler: Any, search: Any, gpu: Any) -> list[str]:
 
     if str(section(profiler.frequency).get("name", "")) != "unlocked":
         return []
+    from kareus.search.space import SpaceConfig
+
     out = []
-    space = getattr(search, "space", None)
-    if space is not None and clocks(space, gpu) != [gpu.max_mhz]:
+    space = getattr(search, "space", None) or SpaceConfig()  # a searcher without one searches the default
+    if clocks(space, gpu) != [gpu.max_mhz]:
         out.append(f"search.space.freq_mhz: profiler.frequency=unlocked measures at the top clock "
                    f"({gpu.max_mhz} MHz) alone; add +experiment=no_clock_search")
-    cooldown = str(section(profiler.cooldown).get("name", ""))
+    cooldown_cfg = section(profiler.cooldown)
+    cooldown = str(cooldown_cfg.get("name", ""))
+    if cooldown == "thermal" and int(cooldown_cfg.get("reference_mhz", 0) or 0) not in (0, gpu.max_mhz):
+        out.append(f"profiler.cooldown.reference_mhz: profiler.frequency=unlocked anchors at the top clock "
+                   f"({gpu.max_mhz} MHz) alone; set 0")
     if cooldown == "compensated":
         out.append("profiler.cooldown: 'compensated' probes other clocks, which profiler.frequency=unlocked "
                    "cannot set; allowed here: fixed, none, temperature, predictive, thermal")

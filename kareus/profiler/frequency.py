@@ -88,7 +88,9 @@ class UnlockedFrequencyController(FrequencyController):
     def set(self, mhz: int) -> None:
         if self.locked == mhz:
             return
-        top = self.backend.gpu.max_mhz if self.backend is not None else int(mhz)
+        # without a backend (a plan executor's controller) the first clock asked for stands for the top
+        top = self.backend.gpu.max_mhz if self.backend is not None else getattr(self, "_top", int(mhz))
+        self._top = top
         if int(mhz) != top:
             raise KareusError(f"profiler.frequency=unlocked leaves the clock to the GPU, so it measures at the "
                               f"top clock ({top} MHz) alone, not {mhz} MHz; add +experiment=no_clock_search, "
@@ -100,7 +102,7 @@ class UnlockedFrequencyController(FrequencyController):
         self.locked = int(mhz)
 
     def reset(self) -> None:
-        self.locked = None
+        self.locked = None  # the clock was never locked; the first clock asked for still stands
 
 
 class SignalGuard:
