@@ -94,7 +94,7 @@ def gpu_model_problem(spec_gpu: str, device_name: str) -> str:
         return ""
     hint = f"hardware={have.lower()}_cuda" if have.lower() in SHIPPED_CUDA_MODELS else "a hardware config for it"
     return (f"hardware.gpu: {spec_gpu!r} describes the {want}, but this GPU is {device_name!r}; "
-            f"choose {hint} (shipped: {', '.join(m + '_cuda' for m in SHIPPED_CUDA_MODELS)})")
+            f"choose {hint} (shipped: {_shipped()})")
 
 
 def gpu_mismatch(cfg: GPUConfig, device_name: str, device_sms: int, device_max_mhz: float | None) -> str:
@@ -122,6 +122,10 @@ _HARDWARE_CONF = Path(__file__).resolve().parents[1] / "conf" / "hardware"
 SHIPPED_CUDA_MODELS = tuple(sorted(p.name[: -len("_cuda.yaml")] for p in _HARDWARE_CONF.glob("*_cuda.yaml")))
 
 
+def _shipped() -> str:
+    return ", ".join(f"{m}_cuda" for m in SHIPPED_CUDA_MODELS)
+
+
 def shipped_cuda_config(device_name: str, **fields: Any) -> CudaConfig:
     """The shipped ``hardware=<model>_cuda`` config of this GPU, read without Hydra (scripts, tests).
 
@@ -133,8 +137,7 @@ def shipped_cuda_config(device_name: str, **fields: Any) -> CudaConfig:
 
     model = gpu_model(device_name).lower()
     if model not in SHIPPED_CUDA_MODELS:
-        raise KareusError(f"no shipped hardware config for {device_name!r} "
-                          f"(shipped: {', '.join(m + '_cuda' for m in SHIPPED_CUDA_MODELS)})")
+        raise KareusError(f"no shipped hardware config for {device_name!r} (shipped: {_shipped()})")
     data = yaml.safe_load((_HARDWARE_CONF / f"{model}_cuda.yaml").read_text())
     data.pop("defaults", None)
     return CudaConfig(**{**data, **fields})
