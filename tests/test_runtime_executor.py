@@ -7,7 +7,7 @@ import pytest
 
 from kareus.plan.model import ExecutionPlan, InstructionPlan, PartitionSetting, StagePlan
 from kareus.runtime.executor import PlanCoverageError, PlanExecutor
-from kareus.runtime.megatron import MicrobatchTracker, UnsupportedScheduleError, plan_hooks
+from kareus.runtime.megatron import MicrobatchTracker, PlanMismatchError, UnsupportedScheduleError, plan_hooks
 
 
 class FakeController:
@@ -153,7 +153,7 @@ def test_hook_switches_the_clock_before_each_step_of_a_1f1b_schedule():
                 fake.backward_step(None, None, None, None, None)
     assert (fake.forward_step, fake.backward_step) == originals  # restored
     assert [c[2] for c in calls] == [1410, 1410, 1305, 1200, 1305, 1200, 1305, 1305]
-    assert ctl.calls == [1410, 1305, 1200, 1305, 1200, 1305]
+    assert ctl.calls == [1410, 1305, 1200, 1305, 1200, 1305, "reset"]  # clocks given back on leaving the hooks
 
 
 def _fake_schedules(calls: list) -> SimpleNamespace:
@@ -170,7 +170,7 @@ def test_hook_refuses_the_interleaved_schedule_before_any_clock_switch():
             fake.forward_step("func", current_microbatch=1, vp_stage=0)  # chunk 0 of a virtual pipeline
         with pytest.raises(UnsupportedScheduleError, match="vp_stage=1"):
             fake.forward_step(*["x"] * 12, 1)  # positional, as forward_step's signature allows
-    assert calls == ["f"] and ctl.calls == [1410]
+    assert calls == ["f"] and ctl.calls == [1410, "reset"]
 
 
 @pytest.mark.parametrize("flag,value", [("overlap_moe_expert_parallel_comm", True), ("hybrid_context_parallel", True),
@@ -187,7 +187,7 @@ def test_hook_refuses_schedules_that_bypass_or_miscount_its_steps(flag, value):
     with plan_hooks(PlanExecutor(_plan(), ctl, stage=0), fake):  # no config given: the first forward tells
         with pytest.raises(UnsupportedScheduleError, match=flag):
             fake.forward_step("func", None, None, 4, None, [], config, current_microbatch=0)
-    assert ctl.calls == []
+    assert ctl.calls == ["reset"]
 
 
 def test_hook_checks_the_flags_megatron_core_config_has():
@@ -223,9 +223,11 @@ def test_hook_patches_the_functions_megatron_core_schedules_call():
     with plan_hooks(ex):
         # the schedule resolves forward_step/backward_step in its module globals at call time
         assert run.__globals__["forward_step"].__wrapped__ is orig
-        assert schedules.forward_backward_no_pipelining.__globals__["backward_step"] is schedules.backward_step
+        assert schedules.forward_backward_pipelining_without_interleaving.__wrapped__ is run
+        no_pipelining = schedules.forward_backward_no_pipelining.__wrapped__
+        assert no_pipelining.__globals__["backward_step"] is schedules.backward_step
         assert schedules.backward_step.__wrapped__ is not None
-    assert schedules.forward_step is orig
+    assert schedules.forward_step is orig and schedules.forward_backward_pipelining_without_interleaving is run
 
 
 def test_hook_drives_megatron_core_schedule_on_cpu(monkeypatch):
@@ -284,10 +286,58 @@ def test_hook_drives_megatron_core_schedule_on_cpu(monkeypatch):
                          model=[model], num_microbatches=3, seq_length=4, micro_batch_size=2)
         assert len(losses) == 3 and model.weight.grad is not None
         assert not tracker._waiting  # every forward got its backward
+        trained = len(ctl.calls)
+
+        def eval_step_func(data, model):
+            out = model(next(data)).sum()
+            return out, lambda o: (o, {"loss": o.detach()})
+
+        with plan_hooks(ex):  # the schedule fetched inside the hooks is wrapped
+            wrapped = schedules.get_forward_backward_func()
+            assert wrapped.__wrapped__ is run
+            wrapped(forward_step_func=eval_step_func, data_iterator=iter([torch.randn(2, 4)] * 5), model=[model],
+                    num_microbatches=5, seq_length=4, micro_batch_size=2, forward_only=True)
+            assert ctl.calls[trained:] == []  # evaluation runs at the clock it finds: no switch
+            with pytest.raises(PlanMismatchError, match="covers 3 microbatches per iteration, but the schedule runs 2"):
+                wrapped(forward_step_func=forward_step_func, data_iterator=iter([torch.randn(2, 4)] * 2),
+                        model=[model], num_microbatches=2, seq_length=4, micro_batch_size=2)
+        assert schedules.get_forward_backward_func() is run  # restored
     finally:
         parallel_state.destroy_model_parallel()
         dist.destroy_process_group()
-    assert seen == [("f", 1410, "attn_0"), ("f", 1200, "norm_0"), ("f", 1200, "norm_0")]
-    assert ctl.calls == [1410, 1305, 1200, 1305, 1200, 1305]  # f0 b0 f1 b1 f2 b2, one switch each
+    assert seen == [("f", 1410, "attn_0"), ("f", 1200, "norm_0"), ("f", 1200, "norm_0")]  # the refused call ran none
+    assert ctl.calls == [1410, 1305, 1200, 1305, 1200, 1305, "reset", "reset"]  # f0 b0 f1 b1 f2 b2, one switch each
     assert [(s.microbatch, s.direction) for s in ex.switches] == [
         (0, "fwd"), (0, "bwd"), (1, "fwd"), (1, "bwd"), (2, "fwd"), (2, "bwd")]
+
+
+def test_a_forward_step_of_another_microbatch_count_is_refused_before_any_switch():
+    """A loop that fetched the schedule before the hooks bypasses its wrapper; its forward steps still
+    carry the call's microbatch count, and a plan for another count would run another schedule's clocks."""
+    ctl = FakeController()
+    fake = _fake_schedules([])
+    with plan_hooks(PlanExecutor(_plan(num_microbatches=4), ctl, stage=0), fake):
+        with pytest.raises(PlanMismatchError, match="covers 4 microbatches per iteration, but the schedule runs 2"):
+            fake.forward_step("func", None, None, 2, None, [], None, current_microbatch=0)
+    assert ctl.calls == ["reset"]
+
+
+def test_a_schedule_call_for_another_pipeline_is_refused_before_it_runs():
+    calls: list = []
+    fake = SimpleNamespace(forward_step=lambda *a, **kw: None, backward_step=lambda *a, **kw: None,
+                           forward_backward_pipelining_without_interleaving=lambda **kw: calls.append(kw))
+    group = SimpleNamespace(pp_group=SimpleNamespace(size=lambda: 4))
+    with plan_hooks(PlanExecutor(_plan(), FakeController(), stage=0), fake):
+        with pytest.raises(PlanMismatchError, match="covers 2 pipeline stages, but the schedule runs 4"):
+            fake.forward_backward_pipelining_without_interleaving(num_microbatches=4, p2p_communicator=group)
+        fake.forward_backward_pipelining_without_interleaving(num_microbatches=7, forward_only=True)  # evaluation
+    assert [kw["num_microbatches"] for kw in calls] == [7]
+
+
+def test_a_controller_that_leaves_the_clock_to_the_gpu_takes_only_a_plan_of_one_clock():
+    from kareus.profiler.frequency import UnlockedFrequencyConfig, UnlockedFrequencyController
+
+    unlocked = UnlockedFrequencyController(UnlockedFrequencyConfig(), None)
+    with pytest.raises(ValueError, match="stage 0 at 3 clocks"):
+        PlanExecutor(_plan(), unlocked, stage=0)
+    PlanExecutor(_plan(), unlocked, stage=1)  # stage 1 runs at 1005 MHz throughout

@@ -63,6 +63,12 @@ class PlanExecutor:
                  backend: Any = None, sync: Callable[[], None] | None = None) -> None:
         if not 0 <= stage < plan.num_stages:
             raise ValueError(f"stage {stage} is outside the plan's {plan.num_stages} stages")
+        clocks = sorted({i.freq_mhz for i in plan.stages[stage].instructions})
+        if getattr(controller, "locks_gpu", True) is None and len(clocks) > 1:
+            # a controller that leaves the clock to the GPU cannot run a plan of several clocks
+            raise ValueError(f"plan {plan.index} runs stage {stage} at {len(clocks)} clocks ({clocks[0]}..{clocks[-1]} "
+                             "MHz), but its controller leaves the clock to the GPU; run it with "
+                             "profiler/frequency=nvml or zeus, or pick a plan made with profiler/frequency=unlocked")
         self.plan = plan
         self.controller = controller
         self.sync = sync if sync is not None else default_sync()

@@ -8,6 +8,13 @@ backward ``executor.begin(microbatch, "bwd")`` first. Forwards carry ``current_m
 backwards do not, and run in the order of their forwards (first in, first out), which is how the
 non-interleaved schedules pair them.
 
+``plan_hooks`` also wraps the schedule functions that ``get_forward_backward_func`` hands out, so a
+training call whose microbatch count or pipeline size differs from the plan's is refused before its
+first send or receive, and an evaluation call (``forward_only=True``) runs at the clock it finds, with
+no switches. A loop that fetched the schedule function before entering ``plan_hooks`` bypasses those
+wrappers; its forward steps still refuse a microbatch count other than the plan's. Leaving the block
+restores the functions and resets the clocks (``executor.reset()``).
+
 Schedules these hooks cannot follow raise ``UnsupportedScheduleError`` instead of switching clocks
 wrongly: the interleaved (virtual pipeline) schedule (its forwards carry a ``vp_stage`` and
 backwards no longer follow forwards first in, first out), ``overlap_moe_expert_parallel_comm``
@@ -31,11 +38,43 @@ UNSUPPORTED_FLAGS = {
                                         "without calling forward_step/backward_step, so no clock would switch",
     "hybrid_context_parallel": "its forward steps count sub-samples, not the plan's microbatches",
 }
-_FORWARD_CONFIG, _FORWARD_MICROBATCH, _FORWARD_VP_STAGE = 6, 11, 12  # positions in schedules.forward_step
+_FORWARD_MICROBATCHES, _FORWARD_CONFIG, _FORWARD_MICROBATCH, _FORWARD_VP_STAGE = 3, 6, 11, 12  # in forward_step
+SCHEDULE_FUNCTIONS = ("forward_backward_no_pipelining", "forward_backward_pipelining_without_interleaving")
 
 
 class UnsupportedScheduleError(RuntimeError):
     """The training loop uses a megatron-core schedule the plan hooks cannot follow."""
+
+
+class PlanMismatchError(ValueError):
+    """The training call runs another number of microbatches or pipeline stages than the plan covers."""
+
+
+def check_plan_fits(executor: PlanExecutor, num_microbatches: Any, pipeline_stages: int | None) -> None:
+    """Refuse a training call the plan was not composed for (its instructions would be another schedule's)."""
+    plan = executor.plan
+    if num_microbatches is not None and int(num_microbatches) != plan.num_microbatches:
+        raise PlanMismatchError(f"plan {plan.index} covers {plan.num_microbatches} microbatches per iteration, "
+                                f"but the schedule runs {int(num_microbatches)}; compose a plan with "
+                                f"parallel.num_microbatches={int(num_microbatches)}")
+    if pipeline_stages is not None and int(pipeline_stages) != plan.num_stages:
+        raise PlanMismatchError(f"plan {plan.index} covers {plan.num_stages} pipeline stages, but the schedule "
+                                f"runs {int(pipeline_stages)}; compose a plan with parallel.pp={int(pipeline_stages)}")
+
+
+def _pipeline_stages(kwargs: dict) -> int | None:
+    """The pipeline size of a schedule call (its communicator's group, else megatron's parallel state)."""
+    try:
+        comm = kwargs.get("p2p_communicator")
+        if comm is not None and getattr(comm, "pp_group", None) is not None:
+            return int(comm.pp_group.size())
+        from megatron.core import parallel_state
+
+        if parallel_state.model_parallel_is_initialized():
+            return int(parallel_state.get_pipeline_model_parallel_world_size())
+    except Exception:  # no megatron-core state to ask: the microbatch count still checks
+        return None
+    return None
 
 
 def check_schedule(config: Any) -> None:
@@ -63,6 +102,7 @@ class MicrobatchTracker:
     def __init__(self) -> None:
         self._waiting: deque[int] = deque()
         self._forwards = 0
+        self.evaluation = False  # inside a forward_only schedule call: no switches
 
     def forward(self, microbatch: int | None) -> int:
         mb = self._forwards if microbatch is None else int(microbatch)
@@ -96,15 +136,33 @@ def plan_hooks(executor: PlanExecutor, schedules: Any = None, config: Any = None
         check_schedule(config)
     mod = schedules if schedules is not None else _schedules()
     orig_forward, orig_backward = mod.forward_step, mod.backward_step
+    orig_schedules = {name: getattr(mod, name) for name in SCHEDULE_FUNCTIONS if hasattr(mod, name)}
     tracker = MicrobatchTracker()
 
+    def schedule(orig: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            evaluation = bool(kwargs.get("forward_only", False))
+            if not evaluation:  # before the first send or receive, so every rank refuses alike
+                check_plan_fits(executor, kwargs.get("num_microbatches"), _pipeline_stages(kwargs))
+            tracker.evaluation = evaluation
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                tracker.evaluation = False
+
+        run.__wrapped__ = orig  # type: ignore[attr-defined]
+        return run
+
     def forward_step(*args: Any, **kwargs: Any) -> Any:
+        if tracker.evaluation:  # no plan for evaluation: it runs at the clock it finds
+            return orig_forward(*args, **kwargs)
         vp_stage = _arg(args, kwargs, "vp_stage", _FORWARD_VP_STAGE)
         if vp_stage is not None:
             raise UnsupportedScheduleError(_interleaved(f"forward_step got vp_stage={vp_stage}"))
         step_config = _arg(args, kwargs, "config", _FORWARD_CONFIG)
         if step_config is not None:
             check_schedule(step_config)
+        check_plan_fits(executor, _arg(args, kwargs, "num_microbatches", _FORWARD_MICROBATCHES), None)
         mb = tracker.forward(_arg(args, kwargs, "current_microbatch", _FORWARD_MICROBATCH))
         executor.begin(mb, Direction.FWD)
         return orig_forward(*args, **kwargs)
@@ -116,7 +174,12 @@ def plan_hooks(executor: PlanExecutor, schedules: Any = None, config: Any = None
     forward_step.__wrapped__ = orig_forward  # type: ignore[attr-defined]
     backward_step.__wrapped__ = orig_backward  # type: ignore[attr-defined]
     mod.forward_step, mod.backward_step = forward_step, backward_step
+    for name, orig in orig_schedules.items():
+        setattr(mod, name, schedule(orig))
     try:
         yield tracker
     finally:
         mod.forward_step, mod.backward_step = orig_forward, orig_backward
+        for name, orig in orig_schedules.items():
+            setattr(mod, name, orig)
+        executor.reset()  # no hook switches clocks any more: give them back
