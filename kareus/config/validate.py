@@ -131,11 +131,13 @@ def validate_clock_control(hardware: Any, profiler: Any) -> list[str]:
     name = str(section(profiler.frequency).get("name", ""))
     if name not in FREQUENCY_CONTROLLERS:
         return []  # reported by the profiler's own rules
-    locks = getattr(FREQUENCY_CONTROLLERS.get(name).factory, "locks_gpu", False)
-    if locks is None or real == bool(locks):  # None: a controller that leaves the clock alone fits both
+    def fits(factory: Any) -> bool:  # locks_gpu None: a controller that leaves the clock alone fits both
+        locks = getattr(factory, "locks_gpu", False)
+        return locks is None or bool(locks) == real
+
+    if fits(FREQUENCY_CONTROLLERS.get(name).factory):
         return []
-    allowed = ", ".join(e.name for e in FREQUENCY_CONTROLLERS
-                        if getattr(e.factory, "locks_gpu", False) is None or bool(getattr(e.factory, "locks_gpu", False)) == real)
+    allowed = ", ".join(e.name for e in FREQUENCY_CONTROLLERS if fits(e.factory))
     why = (f"does not lock a real GPU's clock (hardware.name={hardware.name}, device=cuda)" if real
            else f"locks a physical GPU, but hardware.name={hardware.name} measures none")
     return [f"profiler.frequency: {name!r} {why}; allowed here: {allowed} (profiler/frequency=NAME)"]

@@ -55,14 +55,14 @@ def megatron_partitioning(workload: Workload, merge_boundary: bool = False) -> P
 
     unsplit = build_workload(workload.model, dataclasses.replace(workload.parallel, nanobatches=1), workload.gpus_per_node)
     p = partition_workload(unsplit, 1, with_slots=False, merge_boundary=merge_boundary, build_slots=build_slots)
-    types = tuple(dataclasses.replace(t, key=MEGATRON_PREFIX + t.key, slots=_under_wgrad(t.compute, t.comm))
+    types = tuple(dataclasses.replace(t, key=MEGATRON_PREFIX + t.key, slots=_megatron_overlap_slot(t.compute, t.comm))
                   for t in p.types)
     work = tuple(dataclasses.replace(w, partitions=tuple((MEGATRON_PREFIX + k, n) for k, n in w.partitions))
                  for w in p.work)
     return Partitioning(types, work)
 
 
-def _under_wgrad(chain: tuple[Op, ...], comm: Op) -> tuple[Slot, ...]:
+def _megatron_overlap_slot(chain: tuple[Op, ...], comm: Op) -> tuple[Slot, ...]:
     """Where megatron-core overlaps ``comm`` with the end of ``chain``: the input-gradient all-reduce
     (reduce-scatter under SP) of a column-parallel GEMM runs under that GEMM's wgrad, and under SP the
     re-gather of its input runs under its dgrad. One slot, at that op; otherwise none."""

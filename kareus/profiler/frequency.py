@@ -84,13 +84,15 @@ class UnlockedFrequencyController(FrequencyController):
     def __init__(self, cfg: UnlockedFrequencyConfig, backend: HardwareBackend | None = None) -> None:
         self.cfg = cfg
         self.backend = backend
+        # without a backend (a plan executor's controller) the first clock asked for stands for the top
+        self._top: int | None = backend.gpu.max_mhz if backend is not None else None
 
     def set(self, mhz: int) -> None:
         if self.locked == mhz:
             return
-        # without a backend (a plan executor's controller) the first clock asked for stands for the top
-        top = self.backend.gpu.max_mhz if self.backend is not None else getattr(self, "_top", int(mhz))
-        self._top = top
+        if self._top is None:
+            self._top = int(mhz)
+        top = self._top
         if int(mhz) != top:
             raise KareusError(f"profiler.frequency=unlocked leaves the clock to the GPU, so it measures at the "
                               f"top clock ({top} MHz) alone, not {mhz} MHz; add +experiment=no_clock_search, "
