@@ -4,7 +4,7 @@ import pytest
 
 from kareus.registry import ACQUISITIONS, SURROGATES
 from kareus.search.acquisition import Context
-from kareus.search.config import MBOConfig, PassName, RidgeBasis, SurrogateConfig, config_problems
+from kareus.search.config import Centre, MBOConfig, PassName, RidgeBasis, SurrogateConfig, config_problems
 from kareus.search.surrogate import _basis, _loo_error, choose_basis
 
 import kareus.search  # noqa: F401  (registers)
@@ -76,13 +76,13 @@ def test_centred_members_keep_their_spread_and_fit_the_measured_points():
     X = grid(n=12, seed=5)
     Y = np.column_stack([np.log(1e3 / X[:, 0] + 30.0 / X[:, 1]), 0.5 * X[:, 7]])
     out = {}
-    for center in (False, True):
+    for center in (Centre.none, Centre.trees):
         cfg = SurrogateConfig(members=6, rounds=50, basis=RidgeBasis.main, clip_margin=10.0, center=center)
         out[center] = SURROGATES.build("xgboost", config=cfg).fit(X, Y, seed=0).sample(X)
-    np.testing.assert_allclose(out[True].std(axis=0), out[False].std(axis=0), atol=1e-9)  # same members
-    assert out[False].std(axis=0).max() > 0
+    np.testing.assert_allclose(out[Centre.trees].std(axis=0), out[Centre.none].std(axis=0), atol=1e-9)  # same members
+    assert out[Centre.none].std(axis=0).max() > 0
     err = {c: np.abs(o.mean(axis=0) - Y).mean(axis=0) for c, o in out.items()}
-    assert np.all(err[True] < 0.5 * err[False])
+    assert np.all(err[Centre.trees] < 0.5 * err[Centre.none])
 
 
 def context(expected):

@@ -55,6 +55,14 @@ class RidgeBasis(str, Enum):
     auto = "auto"  # whichever (with its penalty) has the lower leave-one-out error, per fit
 
 
+class Centre(str, Enum):
+    """Where the ensemble's members are centred: the bootstrap gives the spread, this the mean."""
+
+    none = "none"  # the members' own mean (on a few points pulled towards the neighbours of every point left out)
+    trees = "trees"  # the same model fitted on every row
+    gp = "gp"  # a Gaussian process's posterior mean once ``gp_min_points`` are measured, ``trees`` before
+
+
 BATCH_POLICIES = ("local", "coverage")  # passes that pick only some candidates, and then none
 HVI_PASSES = ("total", "dynamic", "static", "local")  # passes that score a hypervolume improvement (search.expected, search.per_clock)
 
@@ -74,7 +82,8 @@ class SurrogateConfig:
     linear_base: bool = True  # fit a ridge baseline on the features first, trees model the residual
     basis: RidgeBasis = RidgeBasis.auto  # a handful of points cannot carry the interaction terms, hundreds can
     clip_margin: float = 0.25  # member predictions stay within the observed (log) range widened by this share
-    center: bool = True  # members shifted onto a fit to every row: the bootstrap gives the spread, not the mean
+    center: Centre = Centre.gp  # what the members are shifted onto: the bootstrap gives the spread, not the mean
+    gp_min_points: int = 20  # center=gp: below this many measurements the GP's hyperparameters are guesses
 
 
 @dataclass
@@ -254,6 +263,8 @@ def _mbo_problems(cfg: MBOConfig) -> list[str]:
             out.append(f"search.surrogate.{key}: must be > 0, got {getattr(s, key)}")
     if s.clip_margin < 0:
         out.append(f"search.surrogate.clip_margin: must be >= 0, got {s.clip_margin}")
+    if s.gp_min_points < 2:
+        out.append(f"search.surrogate.gp_min_points: must be >= 2 (a GP needs points to fit), got {s.gp_min_points}")
     out += out_of_bounds(s, "search.surrogate.", positive=("learning_rate",), nonnegative=("min_child_weight",))
     if not 0 < s.subsample <= 1:
         out.append(f"search.surrogate.subsample: must be in (0, 1], got {s.subsample}")

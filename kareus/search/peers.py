@@ -10,7 +10,7 @@ from kareus.registry import SEARCHERS
 from kareus.search.acquisition import Context
 from kareus.search.base import SearchProblem, SearchResult
 from kareus.search.common import SearchRun, Timer
-from kareus.search.config import (ArtifactConfig, ExhaustiveConfig, NSGA2Config, OptunaConfig, RandomConfig,
+from kareus.search.config import (ArtifactConfig, Centre, ExhaustiveConfig, NSGA2Config, OptunaConfig, RandomConfig,
                                   SurrogateConfig, TPEConfig, round_batch)
 from kareus.search.mbo import annotate, fill_batch, predict, predicted_gain, start, widened_at_random
 
@@ -67,7 +67,7 @@ class ArtifactSearcher:
         run = SearchRun(problem)
         start(run, cfg)
         surrogate = SurrogateConfig(members=cfg.members, linear_base=False, clip_margin=1.0,
-                                    center=False)  # the policy as first benchmarked: wide clip
+                                    center=Centre.none)  # the policy as first benchmarked: wide clip
         batch = round_batch(cfg, run.remaining)
         rng = np.random.default_rng(problem.seed)
         for pool, k in run.batch_pools(batch):

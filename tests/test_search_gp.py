@@ -1,0 +1,80 @@
+"""The GP centre of the surrogate ensemble: its likelihood gradient, its interpolation, when it takes over."""
+import numpy as np
+import pytest
+
+from kareus.registry import SURROGATES
+from kareus.search.config import Centre, MBOConfig, RidgeBasis, SurrogateConfig, config_problems
+from kareus.search.gp import GaussianProcess, gp_features, neg_log_posterior, pairwise_sq
+
+import kareus.search  # noqa: F401  (registers)
+
+
+def rows(n, seed):
+    """Encoded-like candidates: clock, SMs, five slot descriptors, slot rank (column 7)."""
+    rng = np.random.default_rng(seed)
+    X = np.zeros((n, 8))
+    X[:, 0] = rng.choice(np.arange(840, 1411, 30), n)
+    X[:, 1] = rng.choice(np.arange(2, 17, 2), n)
+    slot = rng.integers(0, 3, n)
+    X[:, 3] = slot / 3
+    X[:, 7] = slot
+    return X
+
+
+def smooth(X):
+    """log time of a compute chain beside a comm kernel: work / clock plus a comm share falling with SMs."""
+    return np.log(1e3 / X[:, 0] + 4.0 / X[:, 1] * (1.0 + 0.3 * X[:, 3]))
+
+
+def test_likelihood_gradient_matches_finite_differences():
+    X = rows(15, seed=0)
+    Z = gp_features(X)
+    Z = (Z - Z.mean(axis=0)) / np.where(Z.std(axis=0) > 0, Z.std(axis=0), 1.0)
+    y = smooth(X)
+    y = (y - y.mean()) / y.std()
+    theta = np.concatenate([np.log(np.linspace(0.5, 3.0, Z.shape[1])), [0.2, np.log(0.01)]])
+    D2 = pairwise_sq(Z)
+    _, grad = neg_log_posterior(theta, D2, y)
+    h = 1e-6
+    for i in range(len(theta)):
+        e = np.zeros_like(theta)
+        e[i] = h
+        fd = (neg_log_posterior(theta + e, D2, y)[0] - neg_log_posterior(theta - e, D2, y)[0]) / (2 * h)
+        assert grad[i] == pytest.approx(fd, rel=1e-4, abs=1e-6)
+
+
+def test_gp_interpolates_a_smooth_response_closer_than_the_trees():
+    X, test = rows(40, seed=1), rows(200, seed=2)
+    noise = 0.002 * np.random.default_rng(3).standard_normal(len(X))
+    Y = np.column_stack([smooth(X) + noise, 2.0 * smooth(X) - noise])
+    err = {}
+    for center in (Centre.trees, Centre.gp):
+        cfg = SurrogateConfig(center=center, basis=RidgeBasis.main)
+        mean = SURROGATES.build("xgboost", config=cfg).fit(X, Y, seed=0).sample(test).mean(axis=0)
+        err[center] = np.abs(mean - np.column_stack([smooth(test), 2.0 * smooth(test)])).mean(axis=0)
+    assert np.all(err[Centre.gp] < 0.6 * err[Centre.trees]), err
+
+
+def test_gp_centre_keeps_the_members_spread_and_waits_for_enough_points():
+    X = rows(30, seed=4)
+    Y = np.column_stack([smooth(X), -smooth(X)])
+    build = lambda **kw: SURROGATES.build("xgboost", config=SurrogateConfig(basis=RidgeBasis.main, **kw))  # noqa: E731
+    trees = build(center=Centre.trees).fit(X, Y, seed=0).sample(X)
+    gp = build(center=Centre.gp, gp_min_points=30).fit(X, Y, seed=0).sample(X)
+    np.testing.assert_allclose(gp.std(axis=0), trees.std(axis=0), atol=1e-9)  # same bootstrap members
+    assert np.abs(gp.mean(axis=0) - trees.mean(axis=0)).max() > 1e-4  # another centre
+    early = build(center=Centre.gp, gp_min_points=31).fit(X, Y, seed=0).sample(X)
+    np.testing.assert_array_equal(early, trees)  # too few points: the trees' centre
+
+
+def test_gp_fit_is_seeded():
+    X = rows(25, seed=5)
+    y = smooth(X)
+    a = GaussianProcess().fit(X, y, seed=7).mean(X)
+    b = GaussianProcess().fit(X, y, seed=7).mean(X)
+    np.testing.assert_array_equal(a, b)
+
+
+def test_gp_min_points_is_checked():
+    bad = config_problems(MBOConfig(surrogate=SurrogateConfig(gp_min_points=1)))
+    assert bad == ["search.surrogate.gp_min_points: must be >= 2 (a GP needs points to fit), got 1"]
