@@ -78,3 +78,47 @@ def test_gp_fit_is_seeded():
 def test_gp_min_points_is_checked():
     bad = config_problems(MBOConfig(surrogate=SurrogateConfig(gp_min_points=1)))
     assert bad == ["search.surrogate.gp_min_points: must be >= 2 (a GP needs points to fit), got 1"]
+
+
+def with_failures(seed):
+    """60 candidates whose high-clock, low-SM corner failed: those rows enter at the worst measured
+    values (as ``mbo.predict`` enters them), after the successful ones."""
+    X = rows(60, seed=10 + seed)
+    Y = np.column_stack([smooth(X), 2.0 * smooth(X)])
+    bad = (X[:, 0] > 1300) & (X[:, 1] <= 4)
+    worst = Y[~bad].max(axis=0)
+    Xs = np.vstack([X[~bad], X[bad]])
+    Ys = np.vstack([Y[~bad], np.tile(worst, (bad.sum(), 1))])
+    return Xs, Ys, np.arange(len(Xs)) >= (~bad).sum(), worst
+
+
+def test_failed_rows_keep_their_region_unattractive_and_leave_the_gp_alone():
+    test = rows(400, seed=99)
+    corner = (test[:, 0] > 1300) & (test[:, 1] <= 4)
+    truth = np.column_stack([smooth(test), 2.0 * smooth(test)])[~corner]
+    gap, err = {}, {}
+    for seed in range(5):
+        X, Y, failed, worst = with_failures(seed)
+        for label, center, mask in (("trees", Centre.trees, failed), ("gp", Centre.gp, failed), ("blind", Centre.gp, None)):
+            cfg = SurrogateConfig(center=center, rounds=50)
+            mean = SURROGATES.build("xgboost", config=cfg).fit(X, Y, seed=seed, failed=mask).sample(test).mean(axis=0)
+            gap.setdefault(label, []).append(np.abs(worst - mean[corner]).mean())
+            err.setdefault(label, []).append(np.abs(mean[~corner] - truth).mean())
+    # the failing corner stays about as unattractive as under the trees' centre ...
+    assert np.mean(gap["gp"]) < 1.5 * np.mean(gap["trees"])
+    # ... while elsewhere the GP, fitted on the successful rows, keeps its accuracy
+    assert np.all(np.array(err["gp"]) < 0.5 * np.array(err["trees"]))
+    assert np.mean(err["blind"]) > 3 * np.mean(err["gp"])  # a GP across the stand-ins' plateau loses it
+
+
+def test_gp_min_points_counts_successful_rows_only():
+    X, Y, failed, _ = with_failures(0)
+    ok = int((~failed).sum())
+    trees = SURROGATES.build("xgboost", config=SurrogateConfig(center=Centre.trees, rounds=20)).fit(X, Y, 0, failed=failed)
+    gp = SURROGATES.build("xgboost", config=SurrogateConfig(center=Centre.gp, gp_min_points=ok + 1, rounds=20))
+    np.testing.assert_array_equal(gp.fit(X, Y, 0, failed=failed).sample(X), trees.sample(X))
+
+
+def test_centre_given_in_python_is_checked():
+    bad = config_problems(MBOConfig(surrogate=SurrogateConfig(center=True)))
+    assert bad == ["search.surrogate.center: invalid value True; allowed: none, trees, gp"]

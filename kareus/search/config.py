@@ -263,6 +263,10 @@ def _mbo_problems(cfg: MBOConfig) -> list[str]:
             out.append(f"search.surrogate.{key}: must be > 0, got {getattr(s, key)}")
     if s.clip_margin < 0:
         out.append(f"search.surrogate.clip_margin: must be >= 0, got {s.clip_margin}")
+    try:
+        Centre(s.center)
+    except ValueError:
+        out.append(f"search.surrogate.center: invalid value {s.center!r}; allowed: {', '.join(c.value for c in Centre)}")
     if s.gp_min_points < 2:
         out.append(f"search.surrogate.gp_min_points: must be >= 2 (a GP needs points to fit), got {s.gp_min_points}")
     out += out_of_bounds(s, "search.surrogate.", positive=("learning_rate",), nonnegative=("min_child_weight",))

@@ -30,7 +30,9 @@ def gp_features(X: np.ndarray) -> np.ndarray:
 
 
 def matern52(A: np.ndarray, B: np.ndarray, length: np.ndarray, signal: float) -> np.ndarray:
-    r = np.sqrt(np.maximum((((A[:, None, :] - B[None, :, :]) / length) ** 2).sum(axis=2), 0.0))
+    from scipy.spatial.distance import cdist
+
+    r = cdist(A / length, B / length)
     return signal * (1.0 + SQRT5 * r + (5.0 / 3.0) * r * r) * np.exp(-SQRT5 * r)
 
 
@@ -100,6 +102,11 @@ class GaussianProcess:
         self._alpha = np.linalg.solve(L.T, np.linalg.solve(L, yn))
         self._Z = Z
         return self
+
+    def metric(self, X: np.ndarray) -> np.ndarray:
+        """``X`` in the kernel's own coordinates (standardised, divided by the length scales): distances
+        there weigh each feature by how much the fitted target varies along it."""
+        return (gp_features(X) - self._mu) / self._sd / self._length
 
     def mean(self, X: np.ndarray) -> np.ndarray:
         """Posterior mean at ``X`` (encoded candidates), in the target's units."""

@@ -77,7 +77,8 @@ def predict(run: SearchRun, surrogate_cfg: SurrogateConfig, pool: np.ndarray, se
     if failed:
         Y = np.vstack([Y, np.tile(Y.max(axis=0), (len(failed), 1))])
         X = np.vstack([X, run.X[failed]])
-    model = SURROGATES.build(surrogate_cfg.name, config=surrogate_cfg).fit(X, Y, seed)
+    stand_ins = np.arange(len(X)) >= len(ok)
+    model = SURROGATES.build(surrogate_cfg.name, config=surrogate_cfg).fit(X, Y, seed, failed=stand_ins)
     s = model.sample(run.X[pool])
     t, dyn = np.exp(s[:, :, 0]), np.exp(s[:, :, 1]) - shift
     P = run.problem.static_power_w

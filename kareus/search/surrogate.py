@@ -26,7 +26,8 @@ from kareus.search.gp import GaussianProcess
 
 
 class Surrogate(Protocol):
-    def fit(self, X: np.ndarray, Y: np.ndarray, seed: int) -> "Surrogate": ...
+    def fit(self, X: np.ndarray, Y: np.ndarray, seed: int, failed: np.ndarray | None = None) -> "Surrogate":
+        """``failed``: rows standing in for failed measurements (entered at the worst measured values)."""
     def sample(self, X: np.ndarray) -> np.ndarray:
         """Member predictions, shape (members, len(X), targets)."""
 
@@ -107,6 +108,7 @@ class XGBoostEnsemble:
         self._bases: list[tuple[bool, float]] = []
         self._full: list[tuple] | None = None
         self._gps: list[GaussianProcess] | None = None
+        self._fit_X, self._fit_failed = np.empty((0, 0)), np.empty(0, dtype=bool)
         self._clip: tuple[np.ndarray, np.ndarray] = (np.array(-np.inf), np.array(np.inf))
 
     def _params(self, seed: int) -> dict:
@@ -134,11 +136,11 @@ class XGBoostEnsemble:
             out.append((base, booster))
         return out
 
-    def fit(self, X: np.ndarray, Y: np.ndarray, seed: int) -> "XGBoostEnsemble":
+    def fit(self, X: np.ndarray, Y: np.ndarray, seed: int, failed: np.ndarray | None = None) -> "XGBoostEnsemble":
         with _one_blas_thread():
-            return self._fit(X, Y, seed)
+            return self._fit(X, Y, seed, np.zeros(len(X), dtype=bool) if failed is None else np.asarray(failed, bool))
 
-    def _fit(self, X: np.ndarray, Y: np.ndarray, seed: int) -> "XGBoostEnsemble":
+    def _fit(self, X: np.ndarray, Y: np.ndarray, seed: int, failed: np.ndarray) -> "XGBoostEnsemble":
         lo, hi = Y.min(axis=0), Y.max(axis=0)
         m = self.cfg.clip_margin  # no wild extrapolation from few points (it would lure the expected-HVI passes)
         self._clip = (lo - m * (hi - lo + 0.1), hi + m * (hi - lo + 0.1))
@@ -151,34 +153,50 @@ class XGBoostEnsemble:
         rows = [rng.integers(0, n, n) for _ in range(self.cfg.members)]
         seeds = [int(s) for s in rng.integers(0, 2**31 - 1, self.cfg.members)]
         centre = Centre(self.cfg.center)
-        if centre is Centre.gp and n < self.cfg.gp_min_points:
+        ok = ~failed
+        if centre is Centre.gp and ok.sum() < self.cfg.gp_min_points:
             centre = Centre.trees
-        if centre is Centre.trees:  # one more fit on every row: the ensemble's centre
+        # the trees' fit on every row centres under center=trees, and near failed rows under center=gp: a
+        # smooth GP fitted across a failure's worst-value plateau would make the failing region look good
+        trees_centre = centre is Centre.trees or (centre is Centre.gp and failed.any())
+        if trees_centre:
             rows.append(np.arange(n))
             seeds.append(seed + 1)
         jobs = [lambda r=r, s=s: self._fit_member(X, Y, r, s) for r, s in zip(rows, seeds)]
-        if centre is Centre.gp:  # one GP per target, fitted beside the members
-            jobs += [lambda t=t: GaussianProcess().fit(X, Y[:, t], seed + t) for t in range(Y.shape[1])]
+        if centre is Centre.gp:  # one GP per target on the successful rows, fitted beside the members
+            jobs += [lambda t=t: GaussianProcess().fit(X[ok], Y[ok, t], seed + t) for t in range(Y.shape[1])]
         if self.cfg.threads > 1:
             with ThreadPoolExecutor(self.cfg.threads) as pool:
                 fits = list(pool.map(lambda job: job(), jobs))
         else:
             fits = [job() for job in jobs]
         self._members = fits[:self.cfg.members]
-        self._full = fits[self.cfg.members] if centre is Centre.trees else None
-        self._gps = fits[self.cfg.members:] if centre is Centre.gp else None
+        self._full = fits[self.cfg.members] if trees_centre else None
+        self._gps = fits[self.cfg.members + trees_centre:] if centre is Centre.gp else None
+        self._fit_X, self._fit_failed = X, failed
         return self
 
     def sample(self, X: np.ndarray) -> np.ndarray:
         with _one_blas_thread():
             bases = {inter: _basis(X, inter) for inter, _ in self._bases}  # only the bases the fit chose
             out = np.stack([_member_predict(member, X, bases) for member in self._members])
-            if self._full is not None:  # the bootstrap gives the spread, the fit on every row the centre
-                out = out - out.mean(axis=0, keepdims=True) + _member_predict(self._full, X, bases)[None]
-            elif self._gps is not None:  # ... or the GP's posterior mean
+            if self._gps is not None:  # the bootstrap gives the spread, the GP's posterior mean the centre ...
                 centre = np.column_stack([gp.mean(X) for gp in self._gps])
+                if self._full is not None:  # ... but the trees' beside failures
+                    near = nearest_is_failed(self._gps[0], X, self._fit_X, self._fit_failed)
+                    centre[near] = _member_predict(self._full, X[near], {k: v[near] for k, v in bases.items()})
                 out = out - out.mean(axis=0, keepdims=True) + centre[None]
+            elif self._full is not None:  # ... or the trees' fit on every row
+                out = out - out.mean(axis=0, keepdims=True) + _member_predict(self._full, X, bases)[None]
         return np.clip(out, self._clip[0], self._clip[1])
+
+
+def nearest_is_failed(gp: GaussianProcess, X: np.ndarray, fit_X: np.ndarray, failed: np.ndarray) -> np.ndarray:
+    """Per row of ``X``: is its nearest fitted row a failed one, in the GP's metric (the features the
+    target varies along count, the others barely)?"""
+    from scipy.spatial.distance import cdist
+
+    return failed[np.argmin(cdist(gp.metric(X), gp.metric(fit_X)), axis=1)]
 
 
 def _one_blas_thread() -> Any:
