@@ -122,3 +122,22 @@ def test_gp_min_points_counts_successful_rows_only():
 def test_centre_given_in_python_is_checked():
     bad = config_problems(MBOConfig(surrogate=SurrogateConfig(center=True)))
     assert bad == ["search.surrogate.center: invalid value True; allowed: none, trees, gp"]
+
+
+def test_a_slot_that_always_fails_keeps_the_trees_centre():
+    # slot 2 fails at every clock and SM count; time barely depends on the slot, so the GP's own
+    # metric all but ignores the slot feature, and the plain standardised features must catch it
+    test = rows(400, seed=98)
+    slot2 = test[:, 7] == 2
+    for seed in range(4):
+        X = rows(60, seed=20 + seed)
+        Y = np.column_stack([smooth(X), 2.0 * smooth(X)])
+        bad = X[:, 7] == 2
+        worst = Y[~bad].max(axis=0)
+        Xs, Ys = np.vstack([X[~bad], X[bad]]), np.vstack([Y[~bad], np.tile(worst, (bad.sum(), 1))])
+        failed = np.arange(len(Xs)) >= (~bad).sum()
+        out = {}
+        for center in (Centre.trees, Centre.gp):
+            cfg = SurrogateConfig(center=center, rounds=50)
+            out[center] = SURROGATES.build("xgboost", config=cfg).fit(Xs, Ys, seed=seed, failed=failed).sample(test)
+        np.testing.assert_allclose(out[Centre.gp][:, slot2], out[Centre.trees][:, slot2], atol=1e-12)

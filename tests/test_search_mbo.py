@@ -254,3 +254,26 @@ def test_negative_dynamic_energies_are_modelled_not_floored():
         ratios.append(hypervolume(normalise(pts, ideal, nadir), (1.1, 1.1))
                       / hypervolume(normalise(front, ideal, nadir), (1.1, 1.1)))
     assert np.mean(ratios) > 0.89, ratios  # 0.905 measured; 0.873 with the log floor
+
+
+def test_a_plugin_surrogate_without_the_failed_mask_still_runs():
+    """A surrogate written to the older protocol, ``fit(X, Y, seed)``, is fitted without the mask."""
+    from kareus.search.surrogate import XGBoostEnsemble
+
+    calls = []
+
+    class OldProtocol(XGBoostEnsemble):
+        def fit(self, X, Y, seed):  # noqa: D102  (no ``failed``)
+            calls.append(len(X))
+            return super().fit(X, Y, seed)
+
+    SURROGATES.register("old_protocol_test", SurrogateConfig)(OldProtocol)
+    try:
+        space = build_space(synthetic_partition(), SYNTH_GPU, SpaceConfig())
+        bad = {c for c in space if c.slot == "sequential"}
+        prob, _, _ = make(budget=40, seed=0, fail=bad)
+        cfg = {"seed": 0, "surrogate": {"name": "old_protocol_test", "members": 4, "rounds": 30}}
+        res = SEARCHERS.build("mbo", config=cfg).run(prob)
+    finally:
+        del SURROGATES._entries["old_protocol_test"]
+    assert len(res.measurements) == 40 and any(m.failed for m in res.measurements) and calls

@@ -103,12 +103,15 @@ class GaussianProcess:
         self._Z = Z
         return self
 
+    def standardised(self, X: np.ndarray) -> np.ndarray:
+        """``X`` as the fit standardised its features."""
+        return (gp_features(X) - self._mu) / self._sd
+
     def metric(self, X: np.ndarray) -> np.ndarray:
         """``X`` in the kernel's own coordinates (standardised, divided by the length scales): distances
         there weigh each feature by how much the fitted target varies along it."""
-        return (gp_features(X) - self._mu) / self._sd / self._length
+        return self.standardised(X) / self._length
 
     def mean(self, X: np.ndarray) -> np.ndarray:
         """Posterior mean at ``X`` (encoded candidates), in the target's units."""
-        Z = (gp_features(X) - self._mu) / self._sd
-        return matern52(Z, self._Z, self._length, self._signal) @ self._alpha * self._ys + self._ym
+        return matern52(self.standardised(X), self._Z, self._length, self._signal) @ self._alpha * self._ys + self._ym

@@ -7,11 +7,14 @@ in clock and SMs, where trees alone are piecewise constant; the trees model what
 and penalty are chosen per fit by closed-form leave-one-out error: a handful of points cannot carry
 the slot-interaction terms without fitting noise, a few hundred can. With ``center`` the members
 are shifted onto one more fit on every row: on a few points each member misses about a third of them,
-so the plain bootstrap mean is pulled towards the neighbours of every point left out. With
-``center=gp`` (the default) that centre is a Gaussian process's posterior mean once ``gp_min_points``
+so the plain bootstrap mean is pulled towards the neighbours of every point left out (``center=none``
+keeps it; ``center=trees`` centres on the trees' fit on every row). With ``center=gp`` (the default)
+the centre is a Gaussian process's posterior mean on the successful rows once ``gp_min_points`` of them
 are measured (``kareus.search.gp``): between measured settings it interpolates where trees step, which
 on the benchmark's simulated tables roughly halves the error at the frontier's near-ties; below that
-count its dozen hyperparameters are guesses, and the trees' fit on every row centres instead.
+count its dozen hyperparameters are guesses, and the trees' fit centres instead. Candidates whose
+nearest fitted row is a failed one (entered at the worst measured values) keep the trees' centre, so
+a failing region stays unattractive.
 """
 from __future__ import annotations
 
@@ -192,11 +195,16 @@ class XGBoostEnsemble:
 
 
 def nearest_is_failed(gp: GaussianProcess, X: np.ndarray, fit_X: np.ndarray, failed: np.ndarray) -> np.ndarray:
-    """Per row of ``X``: is its nearest fitted row a failed one, in the GP's metric (the features the
-    target varies along count, the others barely)?"""
+    """Per row of ``X``: is its nearest fitted row a failed one, in the GP's metric or in the plain
+    standardised features? The GP's metric finds a failing clock/SM corner, since the target varies
+    along those; but a slot that always fails can differ from the others by a feature the successful
+    rows barely vary along, which that metric all but ignores."""
     from scipy.spatial.distance import cdist
 
-    return failed[np.argmin(cdist(gp.metric(X), gp.metric(fit_X)), axis=1)]
+    near = np.zeros(len(X), dtype=bool)
+    for view in (gp.metric, gp.standardised):
+        near |= failed[np.argmin(cdist(view(X), view(fit_X)), axis=1)]
+    return near
 
 
 def _one_blas_thread() -> Any:
