@@ -60,7 +60,7 @@ class Centre(str, Enum):
 
     none = "none"  # the members' own mean (on a few points pulled towards the neighbours of every point left out)
     trees = "trees"  # the same model fitted on every row
-    gp = "gp"  # a Gaussian process's posterior mean once ``gp_min_points`` are measured, ``trees`` before
+    gp = "gp"  # a Gaussian process's posterior mean once ``gp_min_points`` succeeded, ``trees`` before and beside failures
 
 
 BATCH_POLICIES = ("local", "coverage")  # passes that pick only some candidates, and then none

@@ -5,10 +5,10 @@ thread pool (xgboost releases the GIL) faster than one model with several thread
 baseline on physically shaped features (1/clock, 1/SMs, ...) lets the ensemble extrapolate smoothly
 in clock and SMs, where trees alone are piecewise constant; the trees model what it leaves. Its basis
 and penalty are chosen per fit by closed-form leave-one-out error: a handful of points cannot carry
-the slot-interaction terms without fitting noise, a few hundred can. With ``center`` the members
-are shifted onto one more fit on every row: on a few points each member misses about a third of them,
-so the plain bootstrap mean is pulled towards the neighbours of every point left out (``center=none``
-keeps it; ``center=trees`` centres on the trees' fit on every row). With ``center=gp`` (the default)
+the slot-interaction terms without fitting noise, a few hundred can. The bootstrap gives the spread,
+not the mean: on a few points each member misses about a third of them, so the plain bootstrap mean
+(``center=none``) is pulled towards the neighbours of every point left out; ``center=trees`` shifts
+the members onto one more fit on every row. With ``center=gp`` (the default)
 the centre is a Gaussian process's posterior mean on the successful rows once ``gp_min_points`` of them
 are measured (``kareus.search.gp``): between measured settings it interpolates where trees step, which
 on the benchmark's simulated tables roughly halves the error at the frontier's near-ties; below that
@@ -175,7 +175,7 @@ class XGBoostEnsemble:
             fits = [job() for job in jobs]
         self._members = fits[:self.cfg.members]
         self._full = fits[self.cfg.members] if trees_centre else None
-        self._gps = fits[self.cfg.members + trees_centre:] if centre is Centre.gp else None
+        self._gps = fits[self.cfg.members + int(trees_centre):] if centre is Centre.gp else None
         self._fit_X, self._fit_failed = X, failed
         return self
 
