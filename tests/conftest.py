@@ -54,3 +54,17 @@ def compose() -> Callable[..., object]:
 def error_text() -> Callable[[BaseException], str]:
     """The full text of a composition error, causes included."""
     return _full_message
+
+
+@pytest.fixture
+def ctrl_c_raises():
+    """SIGINT raises KeyboardInterrupt for the test, as in an interactive shell: a runner that starts
+    the suite with SIGINT ignored (a backgrounded job, ``nohup cmd &``) would otherwise swallow the
+    Ctrl-C a test sends itself."""
+    import signal
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)

@@ -270,7 +270,7 @@ def test_resume_with_another_config_is_refused(replay_table, tmp_path):
         run_search_task(task)
 
 
-def test_a_second_ctrl_c_during_the_relays_shutdown_waits_for_it():
+def test_a_second_ctrl_c_during_the_relays_shutdown_waits_for_it(ctrl_c_raises):
     """A Ctrl-C that lands inside the event relay's shutdown is held until the shutdown is done (and
     a relay that outlives it is killed), then delivered: it used to leave the relay alive, and the
     run's exit waited on it for good."""

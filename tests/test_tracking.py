@@ -423,7 +423,7 @@ def test_a_mistyped_store_scheme_is_one_line_before_anything_runs(uri):
         "http, https, databricks, databricks-uc, uc (a database may name its driver: postgresql+psycopg2)"]
 
 
-def test_a_signal_during_an_mlflow_write_lands_after_it_even_with_other_threads_running():
+def test_a_signal_during_an_mlflow_write_lands_after_it_even_with_other_threads_running(ctrl_c_raises):
     """The kernel may hand the signal to any thread; the write still finishes before the handler runs."""
     import os
     import signal
