@@ -81,7 +81,7 @@ class GaussianProcess:
         F = gp_features(X)
         self._mu, sd = F.mean(axis=0), F.std(axis=0)
         self._sd = np.where(sd > 0, sd, 1.0)
-        Z = (F - self._mu) / self._sd
+        Z = self.standardised(X)
         self._ym, self._ys = float(y.mean()), float(max(y.std(), 1e-9))
         yn = (y - self._ym) / self._ys
         d = Z.shape[1]
