@@ -57,6 +57,18 @@ def _broken(folder: Path) -> Path:
     return folder
 
 
+def _older(first: Path):
+    """A copy of ``first`` as a Kareus from before measurement revisions would have left it."""
+    def make(folder: Path) -> Path:
+        import shutil
+
+        shutil.copytree(first, folder)
+        with closing(sqlite3.connect(folder / "journal.sqlite")) as con, con:
+            con.execute("DELETE FROM meta WHERE key = 'measurement_revision'")
+        return folder
+    return make
+
+
 def _foreign(folder: Path) -> Path:
     folder.mkdir()
     (folder / "notes.txt").write_text("someone else's folder")
@@ -68,8 +80,10 @@ def _foreign(folder: Path) -> Path:
     (_foreign, [], "has no journal.sqlite"),
     (_broken, [], "is not a readable Kareus journal"),
     (None, ["search.budget_frac=0.3"], "was written with config hash"),
+    ("older", [], "was measured under measurement revision 0"),
 ])
 def test_a_resume_that_cannot_continue_is_refused_before_anything_is_recorded(first, tmp_path, make, extra, says):
+    make = _older(first) if make == "older" else make
     target = first if make is None else make(tmp_path / "old")
     before = _files(target) if target.exists() else {}
     work = tmp_path / "work"

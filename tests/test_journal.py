@@ -69,6 +69,36 @@ def test_other_config_hash_is_refused_with_one_line(tmp_path):
     assert "\n" not in msg and "aaaa" in msg and "bbbb" in msg and "new run directory" in msg
 
 
+def _set_revision(path: Path, value: str | None) -> None:
+    """Stamp a journal as another Kareus would have written it (``None``: before revisions were recorded)."""
+    with sqlite3.connect(path) as con:
+        con.execute("DELETE FROM meta WHERE key = 'measurement_revision'")
+        if value is not None:
+            con.execute("INSERT INTO meta (key, value) VALUES ('measurement_revision', ?)", (value,))
+    con.close()
+
+
+@pytest.mark.parametrize("stamp, shown", [(None, "0"), ("999", "999")])
+def test_a_journal_of_another_measurement_revision_is_refused_with_one_line(tmp_path, stamp, shown):
+    """Same config, another Kareus: its partition keys or measured values may mean something else, so
+    its numbers must not answer this run's candidates, on open nor on a resume's check."""
+    from kareus.profiler.journal import MEASUREMENT_REVISION, check_journal
+
+    path = tmp_path / "journal.sqlite"
+    with Journal.open(path, "aaaa") as j:
+        j.append(meas("fwd", 1), backend="sim", clock_mhz=1410, gpu_temperature_c=50.0)
+    _set_revision(path, stamp)
+    for attempt in (lambda: Journal.open(path, "aaaa"), lambda: check_journal(path, "aaaa")):
+        with pytest.raises(JournalMismatchError) as e:
+            attempt()
+        msg = str(e.value)
+        assert "\n" not in msg and f"revision {shown}," in msg and f"revision {MEASUREMENT_REVISION} " in msg
+        assert "new run directory" in msg
+    _set_revision(path, str(MEASUREMENT_REVISION))
+    with Journal.open(path, "aaaa") as j:  # its own revision continues
+        assert j.count() == 1
+
+
 def _writer(path: str, part: str, n: int) -> None:
     with Journal.open(path, "h") as j:
         for i in range(n):

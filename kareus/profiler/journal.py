@@ -4,7 +4,8 @@ SQLite in WAL mode with ``synchronous=FULL``: a committed row survives SIGKILL a
 several processes (the ``process`` and ``ray`` launchers' workers) can append to one file at once
 (writers serialise on SQLite's lock; ``busy_timeout`` makes them wait instead of failing).
 Rows are append-only: a candidate measured twice shows up twice, so tests can prove it never is.
-The file remembers the config hash it was created with; opening it with another hash is refused.
+The file remembers the config hash it was created with and the measurement revision of the Kareus
+that wrote it; opening it with another hash or under another revision is refused.
 A resumed run checks the old journal read-only and continues a copy of it in its own run directory,
 so every run directory holds every measurement it used and an old run is never written to again.
 """
@@ -23,6 +24,11 @@ from typing import Any, Iterator
 from kareus.types import Candidate, Measurement, Reading
 
 JOURNAL_NAME = "journal.sqlite"
+# What a journal's rows mean: partition keys (the workload model and the partitioner), candidates and
+# measured values (the profiler's protocol). Bumped whenever one of them changes meaning, so that a
+# run resumed after an upgrade never answers a candidate with a number measured for something else.
+# A journal written before revisions were recorded reads as revision 0.
+MEASUREMENT_REVISION = 1
 
 
 class JournalError(RuntimeError):
@@ -31,6 +37,19 @@ class JournalError(RuntimeError):
 
 class JournalMismatchError(JournalError):
     """The journal was written under a different config; resuming it would mix incomparable numbers."""
+
+
+def _revision_mismatch(path: Path, found: str) -> JournalMismatchError:
+    return JournalMismatchError(
+        f"journal {path} was measured under measurement revision {found}, this Kareus measures under "
+        f"revision {MEASUREMENT_REVISION} (partition keys or measured values changed meaning): its numbers "
+        f"cannot answer this run's candidates; start a new run directory")
+
+
+def _revision(conn: sqlite3.Connection) -> str:
+    """The measurement revision a journal was written under ("0": before revisions were recorded)."""
+    row = conn.execute("SELECT value FROM meta WHERE key = 'measurement_revision'").fetchone()
+    return "0" if row is None else str(row[0])
 
 
 def _mismatch(path: Path, found: str, config_hash: str) -> JournalMismatchError:
@@ -100,13 +119,18 @@ class Journal:
                     conn.execute(stmt)
             row = conn.execute("SELECT value FROM meta WHERE key = 'config_hash'").fetchone()
             if row is None:
-                conn.execute("INSERT INTO meta (key, value) VALUES ('config_hash', ?)", (config_hash,))
+                conn.execute("INSERT INTO meta (key, value) VALUES ('config_hash', ?), ('measurement_revision', ?)",
+                             (config_hash, str(MEASUREMENT_REVISION)))
+            revision = _revision(conn)
             conn.execute("COMMIT")
         except BaseException:  # a signal may land after COMMIT: only roll back what is still open
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             conn.close()
             raise
+        if revision != str(MEASUREMENT_REVISION):
+            conn.close()
+            raise _revision_mismatch(p, revision)
         if row is not None and row[0] != config_hash:
             conn.close()
             raise _mismatch(p, row[0], config_hash)
@@ -246,6 +270,7 @@ def check_journal(path: str | os.PathLike[str], config_hash: str) -> None:
     try:
         with _read_only(p) as conn:
             row = conn.execute("SELECT value FROM meta WHERE key = 'config_hash'").fetchone()
+            revision = _revision(conn)
             conn.execute("SELECT COUNT(*) FROM measurements").fetchone()
             # COUNT(*) reads an index alone: every page must be read, or a damaged one fails mid-run
             damage = conn.execute("PRAGMA quick_check").fetchone()[0]
@@ -255,6 +280,8 @@ def check_journal(path: str | os.PathLike[str], config_hash: str) -> None:
         raise JournalError(f"{p} is not a readable Kareus journal (damaged: {damage})")
     if row is None:
         raise JournalError(f"{p} is not a Kareus journal (it records no config hash)")
+    if revision != str(MEASUREMENT_REVISION):
+        raise _revision_mismatch(p, revision)
     if row[0] != config_hash:
         raise _mismatch(p, row[0], config_hash)
 
