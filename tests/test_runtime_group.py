@@ -342,3 +342,40 @@ def test_an_anchor_lock_one_rank_cannot_take_is_skipped_by_the_whole_group(ranks
     a, b = ranks[0]["anchor_lock_refused"], ranks[1]["anchor_lock_refused"]
     assert a == b and not a["failed"]  # the same anchors on both ranks, and the candidate measured
     assert a["at_candidates_clock"]  # locked back to the candidate's clock on both
+
+
+def _refusing_worker(rank: int, port: int, out_dir: str) -> None:
+    """Rank 1's GPU is not the one its config describes; both ranks record how they stopped."""
+    from kareus.errors import KareusError
+    from kareus.runtime import CudaBackend, CudaConfig
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank),
+                      LOCAL_RANK=str(rank))
+    if rank == 1:  # what the check says on a GPU of another model
+        CudaBackend._gpu_problem = lambda self, index: "hardware.gpu: A100-SXM4-40GB, but this GPU is an H200"
+    try:
+        CudaBackend(CudaConfig(device="cpu", comm="gloo", energy="none", warmup=0), seed=rank)
+        stopped = ""
+    except KareusError as e:
+        stopped = str(e)
+    with open(f"{out_dir}/{rank}.json", "w") as f:
+        json.dump({"stopped": stopped}, f)
+    os._exit(0)
+
+
+def test_a_gpu_one_rank_refuses_stops_every_rank_with_one_line(tmp_path):
+    """The refused rank stopping alone, before the process group, left its peer waiting there."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(_refusing_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=False,
+                             start_method="spawn")
+    deadline = time.monotonic() + DEADLINE_S
+    while not ctx.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for proc in ctx.processes:
+                proc.kill()
+            pytest.fail(f"a rank waited {DEADLINE_S:.0f} s for a peer that had stopped")
+    r0, r1 = (json.loads((tmp_path / f"{r}.json").read_text())["stopped"] for r in range(2))
+    assert r1 == "hardware.gpu: A100-SXM4-40GB, but this GPU is an H200"
+    assert r0.startswith("another rank of the group refused its GPU") and "\n" not in r0

@@ -143,6 +143,17 @@ def shipped_cuda_config(device_name: str, **fields: Any) -> CudaConfig:
     return CudaConfig(**{**data, **fields})
 
 
+def refuse_together(problem: str, agree: Callable[[int], int]) -> None:
+    """Stop every rank of the group if any rank's GPU is refused (``problem``: why, "" if not), each with
+    one line: a rank that stopped alone would leave its peers waiting in their first collective.
+    ``agree``: the group's maximum of a value."""
+    from kareus.errors import KareusError
+
+    if agree(1 if problem else 0):
+        raise KareusError(problem or "another rank of the group refused its GPU (its own error line says why); "
+                                     "nothing was measured")
+
+
 class CudaBackend(LockedClock):
     """A real GPU (or the CPU) behind the HardwareBackend protocol; one process per GPU of the group."""
 
@@ -161,9 +172,15 @@ class CudaBackend(LockedClock):
         self.device_id = f"{socket.gethostname()}:{cuda_uuid(index) or self.name}" if self.cuda else self.name
         self._nvml_error = ""
         self.nvml = self._open_nvml(index) if self.cuda else None
-        if self.cuda:
-            self._check_gpu(index)
-        self.comm = self._start_comm(comm)
+        problem = self._gpu_problem(index)
+        try:
+            self.comm = self._start_comm(comm)
+            # after the group started: a rank that stopped before it would leave its peers waiting there
+            refuse_together(problem, self._agree)
+        except BaseException:
+            if self.nvml is not None:
+                self.nvml.close()
+            raise
         if self.cuda:
             self.energy = energy_meter(cfg.energy, self.nvml, index)
             if isinstance(self.energy, NoEnergy) and self._nvml_error:
@@ -220,10 +237,10 @@ class CudaBackend(LockedClock):
             comm.check_ready(self.device)
         return comm
 
-    def _check_gpu(self, index: int) -> None:
-        """Refuse a config that describes another GPU (model, SM count, top clock) before anything runs."""
-        from kareus.errors import KareusError
-
+    def _gpu_problem(self, index: int) -> str:
+        """Why the config does not describe this GPU (model, SM count, top clock); "" if it does, or on the CPU."""
+        if not self.cuda:
+            return ""
         torch = self._torch
         top = None
         if self.nvml is not None:
@@ -231,12 +248,8 @@ class CudaBackend(LockedClock):
                 top = self.nvml.max_sm_clock_mhz()
             except Exception:  # an NVML query this driver lacks: the SM count still checks
                 top = None
-        problem = gpu_mismatch(self.cfg, torch.cuda.get_device_name(index),
-                               int(torch.cuda.get_device_properties(index).multi_processor_count), top)
-        if problem:
-            if self.nvml is not None:
-                self.nvml.close()
-            raise KareusError(problem)
+        return gpu_mismatch(self.cfg, torch.cuda.get_device_name(index),
+                            int(torch.cuda.get_device_properties(index).multi_processor_count), top)
 
     def _open_nvml(self, index: int) -> NVMLDevice | None:
         try:
