@@ -327,3 +327,44 @@ def test_reverse_reclaim_never_lengthens_the_iteration_with_switches_priced():
 
     pos = np.array([1, 1, 0, 0, 0, 0, 0, 0])
     assert time_of(_reclaim(dag, node_tab, pos, None, _Switching.of(dag, 1.0))) <= time_of(pos) == 14.0
+
+
+def _dominated_or_matched(frontier, point) -> bool:
+    return any(t <= point.time_s * (1 + 1e-12) and e <= point.energy_j * (1 + 1e-12)
+               for t, e in zip(frontier.times, frontier.energies))
+
+
+def test_with_switches_priced_a_plan_matches_megatron_at_the_top_clock():
+    """The reference (every instruction at its top-clock option, no switch) is a plan too. A forward
+    that runs faster and cheaper at a lower clock (host-bound) dropped the top-clock forward from the
+    options the sweep sees, and every plan it found then switched clocks: the fastest trailed the
+    reference by 3%."""
+    S, M = 2, 4
+    dag = pipeline_dag("1f1b", S, M)
+    top_f, low_f = InstructionOption(0.030, 1.10, 1410, {}), InstructionOption(0.029, 1.00, 1200, {})
+    top_b, low_b = InstructionOption(0.060, 2.00, 1410, {}), InstructionOption(0.080, 1.50, 1200, {})
+    opts = {(s, d): ([low_f, top_f] if d is F else [top_b, low_b]) for s in range(S) for d in (F, B)}
+    ref = fixed_option_iteration(dag, {(s, d): (top_f if d is F else top_b) for s in range(S) for d in (F, B)},
+                                 80.0, 1, S, 0.002)
+    frontier = KareusComposer().compose(dag, opts, 80.0, 1, S, deadlines=[ref.time_s], clock_switch_s=0.002)
+    assert _dominated_or_matched(frontier, ref)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_with_switches_priced_no_one_clock_plan_beats_the_frontier(seed):
+    """A plan that runs every instruction at one clock switches nothing, so pricing switches cannot
+    hurt it; the sweep, blind to switches, used to miss such plans by up to 13% energy."""
+    from kareus.compose.synthetic import synthetic_options
+
+    S = 3
+    dag, opts = pipeline_dag("1f1b", S, 6), synthetic_options(S, seed=seed, clocks=(900, 1410, 60))
+    switch_s = 0.004
+    frontier = KareusComposer(KareusComposerConfig(num_deadlines=8)).compose(dag, opts, 75.0, 4, S,
+                                                                             clock_switch_s=switch_s)
+    clocks = set.intersection(*({o.freq_mhz for o in v} for v in opts.values()))
+    assert len(clocks) >= 3
+    for clock in clocks:
+        at = {k: [o for o in v if o.freq_mhz == clock] for k, v in opts.items()}
+        for pick in (lambda o: o.time_s, lambda o: o.dynamic_energy_j):  # fastest, cheapest at that clock
+            plan = fixed_option_iteration(dag, {k: min(v, key=pick) for k, v in at.items()}, 75.0, 4, S, switch_s)
+            assert _dominated_or_matched(frontier, plan), (clock, plan.time_s, plan.energy_j)

@@ -116,13 +116,15 @@ def lower_hull(t: np.ndarray, e: np.ndarray) -> list[int]:
     return hull
 
 
-def _tables(options: Options) -> dict:
+def _tables(options: Options, clock: float | None = None) -> dict:
+    """Per (stage, direction), its Pareto options (of those at ``clock`` alone, if given)."""
     out = {}
     for key, opts in options.items():
-        t_all = np.array([o.time_s for o in opts], float)
-        e_all = np.array([o.dynamic_energy_j for o in opts], float)
-        idx = np.asarray(pareto_indices(t_all, e_all), dtype=int)
-        t, e = t_all[idx], e_all[idx]
+        keep = np.array([j for j, o in enumerate(opts) if clock is None or o.freq_mhz == clock], dtype=int)
+        t_all = np.array([opts[j].time_s for j in keep], float)
+        e_all = np.array([opts[j].dynamic_energy_j for j in keep], float)
+        idx = keep[np.asarray(pareto_indices(t_all, e_all), dtype=int)]
+        t, e = np.array([opts[j].time_s for j in idx], float), np.array([opts[j].dynamic_energy_j for j in idx], float)
         h = lower_hull(t, e)
         ht, he = t[h], e[h]
         slope = np.diff(he) / np.diff(ht) if len(h) > 1 else np.zeros(0)
@@ -149,113 +151,137 @@ class KareusComposer:
         the budget, so the frontier has the fastest plan the rounding finds at that energy.
         ``clock_switch_s`` (see :class:`CostModel`) is left out of the LP, the rounding and the
         energy descent; the reverse slack reclamation leaves room for the switches it adds (also from
-        every instruction at its fastest option), and every point found is priced with them."""
+        every instruction at its fastest option), and every point found is priced with them. Since
+        the sweep does not see switches, each clock every instruction can run at then gets a sweep of
+        its own over that clock's options alone: such plans switch nothing, so the LP is exact for
+        them, and Megatron's layout at the top clock is one of them."""
         start = time.perf_counter()
         model = CostModel(dag, options, static_power_w, gpus_per_stage, num_stages, clock_switch_s)
-        tables = _tables(options)
-        node_tab = [tables[n.key] for n in dag.nodes]
-        fast = np.array([tb.t[0] for tb in node_tab])
-        slow = np.array([tb.t[-1] for tb in node_tab])
-        t_fast = float(critical_path(dag, fast)[1].max())
-        t_slow = float(critical_path(dag, slow)[1].max())
-        lp = _LP(dag, node_tab, static_power_w, gpus_per_stage, num_stages)
-        sw = _Switching.of(dag, clock_switch_s)
         results: list[Assignment] = []
         seen: set[tuple[int, ...]] = set()
+        sweep = _Sweep(self.config, dag, _tables(options), model, _Switching.of(dag, clock_switch_s), results, seen)
+        sweep.run(deadlines, self.config.num_deadlines)
+        if clock_switch_s:
+            for clock in _shared_clocks(options):
+                one = _Sweep(self.config, dag, _tables(options, clock), model, None, results, seen)
+                one.run(deadlines, SINGLE_CLOCK_DEADLINES)
+        for budget in sorted({float(b) for b in energy_budgets}):
+            sweep.bisect_budget(budget, self.config.budget_bisections)
+        return IterationFrontier.from_assignments(results, model, self.name, time.perf_counter() - start)
 
-        def add(pos: np.ndarray) -> None:
-            choice = tuple(int(tb.idx[p]) for tb, p in zip(node_tab, pos))
-            if choice in seen:
+
+def _shared_clocks(options: Options) -> list[float]:
+    """The clocks every instruction has an option at, highest first."""
+    common = set.intersection(*({o.freq_mhz for o in opts} for opts in options.values())) if options else set()
+    return sorted(common, reverse=True)
+
+
+class _Sweep:
+    """One deadline sweep over the options in ``tables``: every point it finds is priced by ``model``
+    and joins ``results`` (``seen``: the choices already there, shared by every sweep of a compose)."""
+
+    def __init__(self, config: KareusComposerConfig, dag: PipelineDAG, tables: dict, model: CostModel,
+                 sw: _Switching | None, results: list[Assignment], seen: set[tuple[int, ...]]) -> None:
+        self.config, self.dag, self.model, self.sw = config, dag, model, sw
+        self.results, self.seen = results, seen
+        self.node_tab = [tables[n.key] for n in dag.nodes]
+        self.t_fast = float(critical_path(dag, np.array([tb.t[0] for tb in self.node_tab]))[1].max())
+        self.t_slow = float(critical_path(dag, np.array([tb.t[-1] for tb in self.node_tab]))[1].max())
+        self.lp = _LP(dag, self.node_tab, model.static_power_w, model.gpus_per_stage, model.num_stages)
+        self.found: list[tuple[int, ...]] = []  # choices this sweep added
+
+    def add(self, pos: np.ndarray) -> None:
+        choice = tuple(int(tb.idx[p]) for tb, p in zip(self.node_tab, pos))
+        if choice in self.seen:
+            return
+        self.seen.add(choice)
+        self.found.append(choice)
+        d = np.array([tb.t[p] for tb, p in zip(self.node_tab, pos)])
+        e = np.array([tb.e[p] for tb, p in zip(self.node_tab, pos)])
+        self.results.append(self.model.assess_arrays(choice, d, e))
+
+    def reclaimed(self, pos: np.ndarray, deadline: float | None) -> None:
+        """``pos``, and ``pos`` with its slack reclaimed: keeping its iteration end, or (with a
+        deadline) using the slack up to it."""
+        self.add(pos)
+        for target, reclaim in itertools.product((None,) if deadline is None else (None, deadline),
+                                                 (_reclaim, _reclaim_forward)):
+            cur = pos
+            for _ in range(self.config.repair_passes):
+                new = reclaim(self.dag, self.node_tab, cur, target, self.sw)
+                if np.array_equal(new, cur):
+                    break
+                cur = new
+                self.add(cur)
+
+    def solve_at(self, deadline: float, lp_deadline: float | None = None) -> None:
+        """The relaxed optimum at ``lp_deadline`` (default: ``deadline``), rounded to options and its
+        slack reclaimed up to ``deadline``."""
+        sol = self.lp.solve(deadline if lp_deadline is None else lp_deadline)
+        if sol is None:
+            return
+        roundings = [_round(self.node_tab, sol[0], nearest=False)]
+        if self.config.nearest_rounding:
+            roundings.append(_round(self.node_tab, sol[0], nearest=True))
+        for pos in roundings:
+            self.reclaimed(pos, deadline)
+
+    def meet(self, deadline: float) -> None:
+        """A solve for an asked time; with switches priced, the LP (which does not see them) is asked
+        again for less, by what the priced plans overshot, until one meets the time."""
+        lp_deadline = deadline
+        for _ in range(1 if self.sw is None else MEET_TRIES):
+            first = len(self.results)
+            self.solve_at(deadline, lp_deadline)
+            new = [a.time_s for a in self.results[first:]]
+            if not new or any(within_limit(t, deadline) for t in new):
                 return
-            seen.add(choice)
-            d = np.array([tb.t[p] for tb, p in zip(node_tab, pos)])
-            e = np.array([tb.e[p] for tb, p in zip(node_tab, pos)])
-            results.append(model.assess_arrays(choice, d, e))
-
-        add(np.zeros(len(dag), dtype=int))
-        add(np.array([len(tb.t) - 1 for tb in node_tab]))
-        # The unconstrained optimum bounds the useful range: slower iterations only cost more.
-        free = lp.solve(t_slow)
-        t_best = t_slow if free is None else min(t_slow, max(t_fast, free[1]))
-        evenly = np.linspace(t_best, t_fast, max(2, self.config.num_deadlines)) if t_best > t_fast else [t_fast]
-        asked = [float(d) for d in deadlines if t_fast < float(d) < t_best]  # outside: the sweep's ends answer
-
-        def reclaimed(pos: np.ndarray, deadline: float | None) -> None:
-            """``pos``, and ``pos`` with its slack reclaimed: keeping its iteration end, or (with a
-            deadline) using the slack up to it."""
-            add(pos)
-            for target, sweep in itertools.product((None,) if deadline is None else (None, deadline),
-                                                   (_reclaim, _reclaim_forward)):
-                cur = pos
-                for _ in range(self.config.repair_passes):
-                    new = sweep(dag, node_tab, cur, target, sw)
-                    if np.array_equal(new, cur):
-                        break
-                    cur = new
-                    add(cur)
-
-        def solve_at(deadline: float, lp_deadline: float | None = None) -> None:
-            """The relaxed optimum at ``lp_deadline`` (default: ``deadline``), rounded to options and
-            its slack reclaimed up to ``deadline``."""
-            sol = lp.solve(deadline if lp_deadline is None else lp_deadline)
-            if sol is None:
+            lp_deadline -= min(new) - deadline
+            if lp_deadline <= self.t_fast:
                 return
-            roundings = [_round(node_tab, sol[0], nearest=False)]
-            if self.config.nearest_rounding:
-                roundings.append(_round(node_tab, sol[0], nearest=True))
-            for pos in roundings:
-                reclaimed(pos, deadline)
 
-        def meet(deadline: float) -> None:
-            """A solve for an asked time; with switches priced, the LP (which does not see them) is
-            asked again for less, by what the priced plans overshot, until one meets the time."""
-            lp_deadline = deadline
-            for _ in range(1 if sw is None else MEET_TRIES):
-                seen = len(results)
-                solve_at(deadline, lp_deadline)
-                new = [a.time_s for a in results[seen:]]
-                if not new or any(within_limit(t, deadline) for t in new):
-                    return
-                lp_deadline -= min(new) - deadline
-                if lp_deadline <= t_fast:
-                    return
-
-        if sw is not None:  # the roundings switch clocks on the critical path, where the fastest plan need not
-            reclaimed(np.zeros(len(dag), dtype=int), None)
-
+    def run(self, deadlines: Sequence[float], num_deadlines: int) -> None:
+        """Both ends, ``num_deadlines`` evenly spaced solves up to the LP's energy optimum (on the hull,
+        slower is never better), a solve per asked time in that range, then the energy descent."""
+        zeros = np.zeros(len(self.dag), dtype=int)
+        self.add(zeros)
+        self.add(np.array([len(tb.t) - 1 for tb in self.node_tab]))
+        free = self.lp.solve(self.t_slow)
+        t_best = self.t_slow if free is None else min(self.t_slow, max(self.t_fast, free[1]))
+        evenly = np.linspace(t_best, self.t_fast, max(2, num_deadlines)) if t_best > self.t_fast else [self.t_fast]
+        asked = [float(d) for d in deadlines if self.t_fast < float(d) < t_best]  # outside: the ends answer
+        if self.sw is not None:  # the roundings switch clocks on the critical path, where the fastest plan need not
+            self.reclaimed(zeros, None)
         for deadline in evenly:
-            solve_at(float(deadline))
+            self.solve_at(float(deadline))
         for deadline in sorted(set(asked)):
-            meet(deadline)
-        for cheap in sorted(results, key=lambda a: a.energy_j)[:DESCENT_STARTS]:
-            pos = np.array([int(np.flatnonzero(tb.idx == c)[0]) for tb, c in zip(node_tab, cheap.choice)])
+            self.meet(deadline)
+        energy = {a.choice: a.energy_j for a in self.results}
+        for choice in sorted(self.found, key=energy.__getitem__)[:DESCENT_STARTS]:
+            pos = np.array([int(np.flatnonzero(tb.idx == c)[0]) for tb, c in zip(self.node_tab, choice)])
             for _ in range(DESCENT_PASSES):
-                new = _slow_down(dag, node_tab, pos, static_power_w * num_stages)
+                new = _slow_down(self.dag, self.node_tab, pos, self.model.static_power_w * self.model.num_stages)
                 if np.array_equal(new, pos):
                     break
                 pos = new
-                add(pos)
-        for budget in sorted({float(b) for b in energy_budgets}):
-            self._bisect_budget(budget, t_fast, results, solve_at)
-        return IterationFrontier.from_assignments(results, model, self.name, time.perf_counter() - start)
+                self.add(pos)
 
-    def _bisect_budget(self, budget: float, t_fast: float, results: list[Assignment],
-                       solve_at: Callable[[float], None]) -> None:
+    def bisect_budget(self, budget: float, bisections: int) -> None:
         """Bisect the deadline for the fastest plan within ``budget`` J: a deadline whose solve finds a
         plan within the budget moves the upper end down to that plan's time, one that finds none moves
         the lower end up. Nothing to do when no plan found so far fits (the budget is refused) or the
         fastest plan already fits."""
-        within = [a.time_s for a in results if within_limit(a.energy_j, budget)]
-        if not within or min(within) <= t_fast * (1 + 1e-12):
+        within = [a.time_s for a in self.results if within_limit(a.energy_j, budget)]
+        if not within or min(within) <= self.t_fast * (1 + 1e-12):
             return
-        lo, hi = t_fast, min(within)
-        for _ in range(self.config.budget_bisections):
+        lo, hi = self.t_fast, min(within)
+        for _ in range(bisections):
             if hi - lo <= 1e-6 * hi:
                 break
             mid = 0.5 * (lo + hi)
-            seen = len(results)
-            solve_at(mid)
-            fits = [a.time_s for a in results[seen:] if within_limit(a.energy_j, budget) and a.time_s < hi]
+            first = len(self.results)
+            self.solve_at(mid)
+            fits = [a.time_s for a in self.results[first:] if within_limit(a.energy_j, budget) and a.time_s < hi]
             if fits:
                 hi = min(fits)
             else:
@@ -263,6 +289,7 @@ class KareusComposer:
 
 
 MEET_TRIES = 4  # LP solves per asked time when switches are priced (see meet)
+SINGLE_CLOCK_DEADLINES = 12  # evenly spaced solves of each one-clock sweep (switches priced)
 DESCENT_STARTS = 2  # the cheapest points found that each descend
 DESCENT_PASSES = 8  # at most this many passes per descent (each stops early once no move helps)
 
