@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import re
 
 import pytest
 
@@ -138,6 +139,15 @@ def test_round_trip(tmp_path, plans):
     (lambda t: t + "\n: [unclosed", "not valid YAML"),
     (lambda t: "!!python/object/apply:os.system ['echo hacked']\n", "not valid YAML"),
     (lambda t: "- just\n- a list\n", "expected a mapping"),
+    (lambda t: t.replace("clock_switch_s: 0.0\n", ""), "missing key 'clock_switch_s'"),  # a version 2 plan prices them
+    (lambda t: t.replace("clock_switch_s: 0.0", "clock_switch_s: -0.001"), r"clock_switch_s: must be >= 0"),
+    (lambda t: t.replace("schedule: 1f1b", "schedule: bogus"), "'bogus' is not a schedule; allowed: 1f1b"),
+    (lambda t: t.replace("schema_version: 2", "schema_version: true"), "schema_version True is not supported"),
+    (lambda t: t.replace("gpus_per_stage: 4", "gpus_per_stage: 0"), r"gpus_per_stage: must be >= 1"),
+    (lambda t: t.replace("index: 0", "index: -5"), r"index: must be >= 0"),
+    (lambda t: re.sub(r"predicted_time_s: .*", "predicted_time_s: 0.0", t), "predicted_time_s: must be positive"),
+    (lambda t: re.sub(r"(    partitions:\n)(    - .*\n)", r"\1\2\2", t, count=1), "is listed twice"),
+    (lambda t: re.sub(r"    partitions:\n    - .*\n", "", t, count=1), "missing key 'partitions'"),
 ])
 def test_bad_plan_files_fail_clearly(tmp_path, plans, mutate, match):
     path = save_plan(plans[0], tmp_path / "p.yaml")

@@ -33,8 +33,9 @@ def plan_to_dict(plan: ExecutionPlan) -> dict[str, Any]:
     return conv(plan)
 
 
-def _check(cls: type, data: Any, where: str) -> Any:
-    """Build ``cls`` from plain data, checking keys and types field by field."""
+def _check(cls: type, data: Any, where: str, optional: frozenset[str] = frozenset()) -> Any:
+    """Build ``cls`` from plain data, checking keys and types field by field; every field is required
+    but those named in ``optional`` (they take their defaults)."""
     if not isinstance(data, dict):
         raise PlanFormatError(f"{where}: expected a mapping, got {type(data).__name__}")
     hints = typing.get_type_hints(cls)
@@ -45,7 +46,7 @@ def _check(cls: type, data: Any, where: str) -> Any:
     kwargs = {}
     for f in dataclasses.fields(cls):
         if f.name not in data:
-            if f.default is not dataclasses.MISSING:
+            if f.name in optional:
                 continue
             raise PlanFormatError(f"{where}: missing key {f.name!r}")
         kwargs[f.name] = _value(hints[f.name], data[f.name], f"{where}.{f.name}")
@@ -78,12 +79,14 @@ def _value(tp: Any, v: Any, where: str) -> Any:
 
 def plan_from_dict(data: Any, where: str = "plan") -> ExecutionPlan:
     version = data.get("schema_version") if isinstance(data, dict) else None
-    if isinstance(data, dict) and version not in READABLE_VERSIONS:
+    if isinstance(data, dict) and (isinstance(version, bool) or version not in READABLE_VERSIONS):
         raise PlanFormatError(f"{where}: schema_version {version!r} is not supported "
                               f"(expected one of {', '.join(map(str, READABLE_VERSIONS))})")
     if version == 1 and "clock_switch_s" in data:
         raise PlanFormatError(f"{where}: unknown key(s) clock_switch_s (schema_version 1 has none; 2 does)")
-    plan = dataclasses.replace(_check(ExecutionPlan, data, where), schema_version=SCHEMA_VERSION)  # 1: switches unpriced
+    optional = frozenset({"clock_switch_s"} if version == 1 else ())  # 1: switches unpriced
+    plan = dataclasses.replace(_check(ExecutionPlan, data, where, optional), schema_version=SCHEMA_VERSION)
+    _check_plan_values(plan, where)
     if len(plan.stages) != plan.num_stages:
         raise PlanFormatError(f"{where}: {len(plan.stages)} stages listed, num_stages is {plan.num_stages}")
     for i, st in enumerate(plan.stages):
@@ -91,6 +94,28 @@ def plan_from_dict(data: Any, where: str = "plan") -> ExecutionPlan:
             raise PlanFormatError(f"{where}.stages[{i}]: stage {st.stage} out of order")
         _check_instructions(st, plan.num_microbatches, f"{where}.stages[{i}]")
     return plan
+
+
+def _check_plan_values(plan: ExecutionPlan, where: str) -> None:
+    """Values an executor or a report would act on wrongly: a count below one, a negative price, a
+    schedule that no executor follows."""
+    import kareus.compose.schedule  # noqa: F401  (registers the schedules)
+    from kareus.registry import SCHEDULES
+
+    for name in ("num_stages", "num_microbatches", "gpus_per_stage"):
+        if getattr(plan, name) < 1:
+            raise PlanFormatError(f"{where}.{name}: must be >= 1, got {getattr(plan, name)}")
+    if plan.index < 0:
+        raise PlanFormatError(f"{where}.index: must be >= 0, got {plan.index}")
+    for name in ("predicted_time_s", "predicted_energy_j"):
+        if getattr(plan, name) <= 0:
+            raise PlanFormatError(f"{where}.{name}: must be positive, got {getattr(plan, name)}")
+    for name in ("static_power_w", "clock_switch_s"):
+        if getattr(plan, name) < 0:
+            raise PlanFormatError(f"{where}.{name}: must be >= 0, got {getattr(plan, name)}")
+    if plan.schedule not in SCHEDULES:
+        raise PlanFormatError(f"{where}.schedule: {plan.schedule!r} is not a schedule; allowed: "
+                              f"{', '.join(sorted(SCHEDULES.names()))}")
 
 
 def _check_instructions(st: StagePlan, num_microbatches: int, where: str) -> None:
@@ -108,6 +133,9 @@ def _check_instructions(st: StagePlan, num_microbatches: int, where: str) -> Non
         for k, ps in enumerate(ins.partitions):
             if ps.sms < 1 or ps.count < 0:
                 raise PlanFormatError(f"{at}.partitions[{k}]: sms must be >= 1 and count >= 0, got {ps.sms} and {ps.count}")
+            if any(other.partition == ps.partition for other in ins.partitions[:k]):
+                raise PlanFormatError(f"{at}.partitions[{k}]: partition {ps.partition!r} is listed twice "
+                                      f"(an executor needs one setting for it)")
         seen[ins.direction] += list(ins.microbatches)
     for direction, mbs in seen.items():
         if sorted(mbs) != list(range(num_microbatches)):
