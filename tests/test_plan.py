@@ -207,6 +207,10 @@ def test_infeasible_requests_say_how_far_off(plans):
     with pytest.raises(PlanSelectionError) as e:
         select_plan(plans, PlanConfig(energy_budget_j=least * 0.5))
     assert "least-energy plan uses" in str(e.value) and "(100.00%) over" in str(e.value)
+    # a deadline copied from the table's 4 decimals: the plan's exact time shows what it misses by
+    with pytest.raises(PlanSelectionError) as e:
+        select_plan(plans, PlanConfig(deadline_s=fastest - 4e-5 * fastest))
+    assert f"{fastest:.9g} s per iteration" in str(e.value) and "(0.004%) over" in str(e.value)
     with pytest.raises(PlanSelectionError, match="no execution plans"):
         select_plan([], PlanConfig())
     with pytest.raises(PlanSelectionError, match="exclusive"):

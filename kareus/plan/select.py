@@ -71,6 +71,8 @@ def _within(plans: Sequence[ExecutionPlan], limited: str, minimised: str, limit:
     if not ok:
         nearest = getattr(min(plans, key=lambda p: getattr(p, limited)), limited)
         gap = nearest - limit
+        pct = 100 * gap / limit  # a limit copied from a rounded table can miss by far less than 0.01%
         raise PlanSelectionError(f"{refusal} {nearest:.6g} {unit} per iteration, {gap:.4g} {unit} "
-                                 f"({100 * gap / limit:.2f}%) over")
+                                 f"({pct:.2f}%) over" if pct >= 0.01 else
+                                 f"{refusal} {nearest:.9g} {unit} per iteration, {gap:.4g} {unit} ({pct:.2g}%) over")
     return min(ok, key=lambda p: (getattr(p, minimised), getattr(p, limited)))
