@@ -78,6 +78,15 @@ def test_parallel_sizes_must_be_positive(field):
     assert f"parallel.{field}: must be >= 1, got 0" in problems(f"parallel.{field}=0")
 
 
+@pytest.mark.parametrize("field", ["num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+                                   "num_kv_heads", "head_dim", "vocab_size"])
+@pytest.mark.parametrize("bad", [0, -512])
+def test_model_sizes_must_be_positive(field, bad):
+    """The shape rules divide by them (num_kv_heads=0 raised ZeroDivisionError), and the workload
+    built from a zero or negative size either failed mid-run or reported plans of negative FLOPs."""
+    assert problems(f"model.{field}={bad}") == [f"model.{field}: must be >= 1, got {bad}"]
+
+
 def test_micro_batch_must_split_into_nanobatches():
     assert problems("parallel.micro_batch_size=7") == [
         "parallel.micro_batch_size: 7 does not split into parallel.nanobatches=2 equal nanobatches"]
@@ -242,6 +251,7 @@ SEARCH_RULES = [
     ("search.surrogate.learning_rate=-1", "search.surrogate.learning_rate: must be > 0, got -1.0"),
     ("search.surrogate.subsample=0", "search.surrogate.subsample: must be in (0, 1], got 0.0"),
     ("search.surrogate.min_child_weight=-1", "search.surrogate.min_child_weight: must be >= 0, got -1.0"),
+    ("search.surrogate.name=foo", "search.surrogate.name: unknown surrogate 'foo'; known: xgboost"),
 ]
 
 PEER_RULES = [

@@ -69,6 +69,10 @@ def _typed_section(key: str, section: Any, problems: list[str]) -> Any:
         return None
 
 
+MODEL_SIZES = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
+               "vocab_size")  # a model's shape fields: counts, so at least 1
+
+
 def validate_model_parallel(model: Any, p: Any, gpus_per_node: int) -> list[str]:
     """Rules between the model shape and the parallel layout (Megatron's own constraints)."""
     problems = [f"parallel.{n}: must be >= 1, got {getattr(p, n)}"
@@ -93,6 +97,9 @@ def validate_model_parallel(model: Any, p: Any, gpus_per_node: int) -> list[str]
     if model is None:
         return problems
     m = model
+    shape = [f"model.{n}: must be >= 1, got {getattr(m, n)}" for n in MODEL_SIZES if getattr(m, n) < 1]
+    if shape:  # the rules below divide by these
+        return problems + shape
     if m.num_attention_heads % p.tp:
         problems.append(f"parallel.tp: {p.tp} does not divide model.num_attention_heads={m.num_attention_heads}")
     if m.num_kv_heads % p.tp:

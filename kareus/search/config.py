@@ -254,6 +254,7 @@ def _mbo_problems(cfg: MBOConfig) -> list[str]:
         out.append(f"search.passes: {[p.value for p in cfg.passes]} run dry before the budget is spent; "
                    f"add one of: {', '.join(regular)}")
     s = cfg.surrogate
+    out += surrogate_name_problems(s.name)
     if s.members < 2:
         out.append(f"search.surrogate.members: must be >= 2 (the spread is the uncertainty), got {s.members}")
     if not 1 <= s.max_depth <= 12:
@@ -288,6 +289,18 @@ def _mbo_problems(cfg: MBOConfig) -> list[str]:
 
 
 problems = config_problems
+
+
+def surrogate_name_problems(name: str) -> list[str]:
+    """A surrogate the registry lacks would otherwise fail the first guided batch, mid-run."""
+    import kareus.search.surrogate  # noqa: F401  (registers the shipped surrogates)
+    from kareus.registry import SURROGATES, UnknownComponentError
+
+    try:
+        SURROGATES.get(str(name))
+    except UnknownComponentError as exc:
+        return [f"search.surrogate.name: {exc}"]
+    return []
 
 
 def pass_shares(cfg: MBOConfig, batch: int) -> list[tuple[str, int]]:
