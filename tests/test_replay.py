@@ -114,3 +114,24 @@ def test_convert_the_real_a100_tables(tmp_path):
     r = b.measure(main, Candidate(PARTITION_KEY, SEQUENTIAL, int(first["comm_sm_number"]), 1410), 10.0)
     assert r.energy_j == pytest.approx(float(first["0:total energy (J)"]) / 2, rel=1e-6)  # per GPU
     assert r.time_s == pytest.approx(float(first["0:time (s)"]), rel=1e-6)
+
+
+@pytest.mark.parametrize("files, says", [
+    ({}, "cannot read"),  # an empty folder
+    ({"clock_default.csv": "a,b\n1,2\n", "clock_1200mhz.csv": "a,b\n1,2\n"}, "no column 'comm_block_size'"),
+    ({"clock_default.csv": "overlap_start,overlap_end,comm_sm_number,comm_block_size,0:time (s),0:total energy (J)\n"
+                           "-1,-1,x,1024,0.001,2.0\n"}, "line 2: a value that is not a number"),
+])
+def test_converting_a_folder_that_is_not_the_recorded_tables_says_why_and_writes_nothing(tmp_path, capsys, files, says):
+    from kareus.hardware.tables import main
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for name, text in files.items():
+        (src / name).write_text(text)
+    with pytest.raises(SystemExit) as e:
+        main([str(src), str(tmp_path / "out" / "table.csv")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("python -m kareus.hardware.tables: error: src: ") and says in err[-1], err
+    assert not (tmp_path / "out").exists()  # no folder, no half-written table

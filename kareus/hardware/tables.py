@@ -10,6 +10,7 @@ import csv
 import statistics
 from pathlib import Path
 
+from kareus.hardware.replay import TableError
 from kareus.types import Collective, Direction, Link, Op, OpKind, PartitionType, Slot, SEQUENTIAL
 
 PARTITION_KEY = "fwd_attn_tp2"
@@ -79,18 +80,30 @@ def window_partition(end: int) -> PartitionType:
 def read_windows(path: str | Path, block_size: int = BLOCK_SIZE) -> list[dict]:
     """Rows of one real table: window, SMs, and per-GPU time/energy per repeat (total energy / 2)."""
     out = []
-    with open(path, newline="") as fh:
-        for row in csv.DictReader(fh):
-            if int(row["comm_block_size"]) != block_size:
-                continue
-            reps = sorted({k.split(":")[0] for k in row if ":" in k}, key=int)
-            times = [float(row[f"{r}:time (s)"]) for r in reps]
-            energies = [float(row[f"{r}:total energy (J)"]) / 2.0 for r in reps]  # 2 GPUs, symmetric ranks
-            out.append({
-                "start": int(row["overlap_start"]), "end": int(row["overlap_end"]),
-                "sms": int(row["comm_sm_number"]), "times": times, "energies": energies,
-                "time_s": statistics.median(times), "energy_j": statistics.median(energies),
-            })
+    try:
+        fh = open(path, newline="")
+    except OSError as e:
+        raise TableError(f"{path}: cannot read ({e.strerror})") from None
+    with fh:
+        for line, row in enumerate(csv.DictReader(fh), start=2):
+            try:
+                if int(row["comm_block_size"]) != block_size:
+                    continue
+                reps = sorted({k.split(":")[0] for k in row if k and ":" in k}, key=int)
+                if not reps:
+                    raise KeyError("0:time (s)")
+                times = [float(row[f"{r}:time (s)"]) for r in reps]
+                energies = [float(row[f"{r}:total energy (J)"]) / 2.0 for r in reps]  # 2 GPUs, symmetric ranks
+                out.append({
+                    "start": int(row["overlap_start"]), "end": int(row["overlap_end"]),
+                    "sms": int(row["comm_sm_number"]), "times": times, "energies": energies,
+                    "time_s": statistics.median(times), "energy_j": statistics.median(energies),
+                })
+            except KeyError as e:
+                raise TableError(f"{path}: no column {e.args[0]!r}; expected overlap_start, overlap_end, "
+                                 f"comm_sm_number, comm_block_size and k:time (s), k:total energy (J) per repeat k") from None
+            except (TypeError, ValueError):
+                raise TableError(f"{path}: line {line}: a value that is not a number") from None
     return out
 
 
@@ -103,21 +116,23 @@ def convert_a100_attention(src_dir: str | Path = DEFAULT_SRC, out_csv: str | Pat
     """
     src = Path(src_dir)
     out = Path(out_csv)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    tables = {mhz: read_windows(src / name) for mhz, name in FILES.items()}  # every file read before writing
     lines = []
-    for mhz, name in FILES.items():
-        rows = read_windows(src / name)
+    for mhz, rows in tables.items():
         ends = sorted({r["end"] for r in rows if r["end"] >= 0})
         for r in rows:
             targets = [partition_key(e) for e in ends] if r["start"] < 0 else [partition_key(r["end"])]
             for key in dict.fromkeys(targets):
                 for i, (t, e) in enumerate(zip(r["times"], r["energies"])):
                     lines.append((key, r["start"], r["sms"], -mhz, i, window_slot(r["start"]), t, e))
-    with open(out, "w", newline="") as fh:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    part = out.with_name(out.name + ".part")  # renamed when whole: a reader never sees half a table
+    with open(part, "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["partition", "slot", "sms", "freq_mhz", "time_s", "energy_j", "repeat"])
         for key, _, sms, neg_mhz, i, slot, t, e in sorted(lines):  # slots in chain order
             w.writerow([key, slot, sms, -neg_mhz, f"{t:.9g}", f"{e:.9g}", i])
+    part.replace(out)
     return out
 
 
@@ -131,7 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not Path(args.src).is_dir():
         ap.error(f"src: {args.src} is not a folder with {', '.join(FILES.values())}")
-    print(convert_a100_attention(args.src, args.out))
+    try:
+        print(convert_a100_attention(args.src, args.out))
+    except TableError as e:
+        ap.error(f"src: {e}")
     return 0
 
 
