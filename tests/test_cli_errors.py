@@ -88,6 +88,10 @@ def test_composition_typo_fails_on_one_line_listing_the_known_keys(tmp_path):
     ("search.batch_size=1.5", "error: search.batch_size: '1.5' is not an integer"),
     ("mode=bad", "error: mode: invalid value 'bad'; allowed: run, describe, search"),
     ("search.kappa=0.1,0.2", "error: search.kappa=0.1,0.2: a sweep runs only with --multirun (-m); add it, or give one value"),
+    # a list merges a group's options into one config: the later silently won, key by key
+    ("parallel=[pp2_tp8,pp1_tp2]", "error: parallel=[pp2_tp8,pp1_tp2]: parallel takes one option, and a list merges "
+                                   "them into one config; choose one of: pp10_tp8, pp1_tp2, pp2_cp2_tp4, pp2_tp2, "
+                                   "pp2_tp8; to run each, sweep: -m parallel=pp2_tp8,pp1_tp2"),
 ])
 def test_bad_override_is_one_line_naming_the_key_and_the_allowed_values(override, line):
     assert override_problems([*MISSION, override]) == [line.removeprefix("error: ")]
@@ -100,6 +104,7 @@ def test_override_grammar_error_names_the_override():
 
 def test_good_overrides_and_calls_left_to_hydra_pass_the_check(tmp_path):
     assert override_problems([*MISSION, "search.passes=[total,dynamic]", f"hydra.run.dir={tmp_path}/r"]) == []
+    assert override_problems([*MISSION, "+experiment=[no_clock_search,no_kernel_scheduling]"]) == []  # bundles merge
     assert override_problems(["-m", *MISSION, "search.kappa=0.1,0.2"]) == []  # a real sweep: Hydra's call
     assert override_problems([*MISSION, "hydra.mode=MULTIRUN", "search.kappa=0.1,0.2"]) == []
     assert override_problems(["--cfg", "job", "search=nope"]) == []  # Hydra's own flags: Hydra reports

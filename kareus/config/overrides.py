@@ -130,7 +130,34 @@ def override_problems(argv: Sequence[str], check: JobCheck | None = None) -> lis
     from hydra import initialize_config_module
 
     with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
+        merged = _merged_group_lists(parsed)
+        if merged:
+            return merged
         return _sweep_problems(overrides, check) if call.multirun else _compose(overrides)[1]
+
+
+MERGEABLE_GROUPS = ("experiment",)  # bundles of overrides: a list of them composes one ablation
+
+
+def _merged_group_lists(parsed: Sequence[Any]) -> list[str]:
+    """``parallel=[pp2_tp8,pp1_tp2]``: Hydra merges a list of a group's options into one config, so
+    the later one silently wins key by key (or the merge fails with a message that names no key);
+    for a group with one option per run that is a forgotten ``-m`` and a comma, not a choice."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    loader = GlobalHydra.instance().config_loader()
+    out = []
+    for o in parsed:
+        value = o.value()
+        if o.is_sweep_override() or o.is_delete() or not isinstance(value, list):
+            continue
+        group = o.key_or_group
+        options = sorted(loader.get_group_options(group)) if group not in MERGEABLE_GROUPS else []
+        if options:
+            out.append(f"{o.input_line}: {group} takes one option, and a list merges them into one config; choose "
+                       f"one of: {', '.join(options)}; to run each, sweep: -m {o.get_key_element()}="
+                       f"{','.join(map(str, value))}")
+    return out
 
 
 def searchpath_overrides(argv: Sequence[str]) -> list[str]:
