@@ -29,6 +29,8 @@ class _Job:
     run_dir: Path | None = None
     refused: list[str] = field(default_factory=list)  # sweep jobs refused at run time: "job N (overrides)"
     jobs: int = 0  # sweep jobs this process started
+    # a run folder that already held a run: the files Hydra rewrites in it, as they were (None: absent)
+    kept: dict[Path, bytes | None] = field(default_factory=dict)
 
 
 _JOB = _Job()
@@ -42,10 +44,36 @@ class RunDirCallback(Callback):
     """
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        _JOB.made = _first_missing(Path(str(OmegaConf.select(config, "hydra.run.dir"))))
+        run_dir = Path(str(OmegaConf.select(config, "hydra.run.dir")))
+        _JOB.made = _first_missing(run_dir)
+        if _JOB.made is None:  # Hydra rewrites its config files and appends to the log of what is there
+            _JOB.kept = _hydra_files(run_dir, str(OmegaConf.select(config, "hydra.job.name")),
+                                     str(OmegaConf.select(config, "hydra.output_subdir")))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         _JOB.made = _first_missing(Path(str(OmegaConf.select(config, "hydra.sweep.dir"))))
+
+
+def _hydra_files(run_dir: Path, job_name: str, subdir: str) -> dict[Path, bytes | None]:
+    """The files Hydra writes into a run folder, as they are now (None: absent)."""
+    paths = [run_dir / subdir / f"{n}.yaml" for n in ("config", "hydra", "overrides")] if subdir != "None" else []
+    paths.append(run_dir / f"{job_name}.log")
+    return {p: (p.read_bytes() if p.is_file() else None) for p in paths}
+
+
+def _restore_kept() -> None:
+    """A refused run in a folder that already held a run: put back what Hydra rewrote there, so the
+    folder's config still describes the results beside it."""
+    for path, data in _JOB.kept.items():
+        if data is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.write_bytes(data)
+    configs = {p.parent for p in _JOB.kept if p.suffix == ".yaml"}
+    for folder in configs:  # Hydra's config folder, if only this refusal made it
+        if all(_JOB.kept[p] is None for p in _JOB.kept if p.parent == folder) and folder.is_dir() \
+                and not any(folder.iterdir()):
+            folder.rmdir()
 
 
 def _first_missing(path: Path) -> Path | None:
@@ -70,6 +98,7 @@ def _fail(lines: list[str], run_dir: Path | None) -> NoReturn:
         print(f"error: {line}", file=sys.stderr)
     if run_dir is not None:
         _remove_job_dir(run_dir)
+        _restore_kept()
     sys.exit(2)
 
 

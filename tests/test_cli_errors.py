@@ -303,3 +303,18 @@ def test_a_refused_run_removes_only_the_folders_it_made(tmp_path):
     res = kareus(tmp_path, *MISSION, "parallel.tp=3", "hydra.run.dir=mine")
     assert res.returncode == 2
     assert (tmp_path / "mine").is_dir() and (tmp_path / "runs").is_dir()  # they were there before
+
+
+def test_a_refused_run_in_the_folder_of_an_earlier_run_leaves_that_runs_record(tmp_path):
+    """Hydra rewrites .hydra/ and appends to the log before the config is checked: the folder's config
+    then described the refused run, not the results beside it."""
+    res = kareus(tmp_path, "+model=tiny", "parallel=pp1_tp2", "mode=search", "progress=false",
+                 "tracking.enabled=false", "hydra.run.dir=myrun", timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    before = {p: p.read_bytes() for p in sorted((tmp_path / "myrun").rglob("*")) if p.is_file()}
+    assert (tmp_path / "myrun" / ".hydra" / "config.yaml") in before
+    res = kareus(tmp_path, "+model=tiny", "parallel=pp1_tp2", "mode=search", "progress=false",
+                 "tracking.enabled=false", "hydra.run.dir=myrun", "parallel.tp=3")
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    after = {p: p.read_bytes() for p in sorted((tmp_path / "myrun").rglob("*")) if p.is_file()}
+    assert after == before
