@@ -245,9 +245,24 @@ def _terminate(signum: int, frame: Any) -> NoReturn:
     raise SystemExit(128 + signal.SIGTERM)
 
 
+def _output_dir_problems(argv: list[str]) -> list[str]:
+    """A ``hydra.run.dir`` / ``hydra.sweep.dir`` given on the command line where no folder can be made:
+    Hydra would fail creating it with a traceback. (Interpolated ones are left to Hydra.)"""
+    from kareus.paths import folder_problem
+
+    out = []
+    for arg in argv:
+        key, _, value = arg.partition("=")
+        if key in ("hydra.run.dir", "hydra.sweep.dir") and value and "${" not in value:
+            problem = folder_problem(value)
+            if problem:
+                out.append(f"{key}: {problem}")
+    return out
+
+
 def main() -> None:
     """Console entry point (``kareus`` and ``python -m kareus``)."""
-    problems = override_problems(sys.argv[1:], _problems)
+    problems = override_problems(sys.argv[1:], _problems) or _output_dir_problems(sys.argv[1:])
     if problems:
         _fail(problems, None)
     previous = signal.signal(signal.SIGTERM, _terminate)

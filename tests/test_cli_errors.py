@@ -199,6 +199,20 @@ def test_refused_with_one_line_exit_2_nothing_written(tmp_path, args, first):
     assert left_behind(tmp_path) == [] and not (tmp_path / "mlflow.db").exists()
 
 
+@pytest.mark.parametrize("arg, first", [
+    ("hydra.run.dir=notes.txt/run", "error: hydra.run.dir: cannot create "),
+    ("tracking.uri=sqlite:///notes.txt/mlflow.db", "error: tracking.uri: cannot create "),
+])
+def test_a_place_no_folder_can_be_made_is_one_line(tmp_path, arg, first):
+    """Hydra failed making the run folder, and MLflow its store's, each with a traceback."""
+    (tmp_path / "notes.txt").write_text("a file where a folder would go")
+    res = kareus(tmp_path, "+model=tiny", "parallel=pp1_tp2", "progress=false", arg)
+    assert res.returncode == 2 and "Traceback" not in res.stdout + res.stderr, res.stderr[-2000:]
+    lines = error_lines(res.stderr)
+    assert len(lines) == 1 and lines[0].startswith(first) and "notes.txt is not a folder" in lines[0], lines
+    assert left_behind(tmp_path) == []
+
+
 def test_a_replayed_table_without_the_models_partitions_is_one_line(tmp_path):
     from kareus.hardware.tables import convert_a100_attention
 

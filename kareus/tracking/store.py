@@ -71,7 +71,8 @@ def is_remote(uri: str) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def reachability_problem(uri: str, timeout_s: float = 5.0) -> str | None:
-    """Why an http(s) tracking server cannot be reached (None if it answers, or for other stores).
+    """Why an http(s) tracking server cannot be reached, or a local SQLite store's folder cannot be
+    made (None if it can, or for other stores).
 
     One short request before the run starts: MLflow's client would otherwise retry for minutes and
     fail mid-run with a long traceback. Any HTTP answer, even an error status, counts as reachable.
@@ -80,6 +81,12 @@ def reachability_problem(uri: str, timeout_s: float = 5.0) -> str | None:
     import urllib.error
     import urllib.request
 
+    db = sqlite_path(uri)
+    if db is not None:
+        from kareus.paths import folder_problem
+
+        problem = folder_problem((db if db.is_absolute() else Path(base_dir()) / db).parent)
+        return None if problem is None else f"{problem}; choose another tracking.uri, or set tracking.enabled=false"
     if urlparse(uri).scheme not in ("http", "https"):
         return None
     try:
