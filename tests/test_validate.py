@@ -314,6 +314,18 @@ def test_space_sms_are_checked_against_the_chosen_gpu(hw):
         f"search.space.sms: [80] outside 1..63 for {hw.gpu}"]
 
 
+def test_an_sm_range_outside_the_gpu_names_the_end_that_is_out(hw):
+    """It named search.space.sms and printed every count of the range."""
+    assert problems("search.space.sms_max=200") == [f"search.space.sms_max: must be within 1..{hw.sms - 1} "
+                                                    f"for {hw.gpu}, got 200"]
+    assert problems("search.space.sms_min=0", "search.space.sms_max=4") == [
+        f"search.space.sms_min: must be within 1..{hw.sms - 1} for {hw.gpu}, got 0"]
+
+
+def test_a_bad_sm_count_is_one_line_not_two():
+    assert problems("hardware.sms=0") == ["hardware.sms: must be > 0, got 0"]
+
+
 def test_space_needs_sm_counts():
     assert problems("search.space.sms_min=10", "search.space.sms_max=4") == [
         "search.space: no SM counts (check sms / sms_min / sms_max / sms_step)"]

@@ -47,7 +47,7 @@ class GPUConfig:
             problems.append(f"hardware.min_mhz: must satisfy 0 < min_mhz <= max_mhz, got {self.min_mhz}..{self.max_mhz}")
         if self.step_mhz <= 0:
             problems.append(f"hardware.step_mhz: must be > 0, got {self.step_mhz}")
-        if not 0 < self.max_comm_sms < max(self.sms, 2):
+        if self.sms > 0 and not 0 < self.max_comm_sms < max(self.sms, 2):  # (no bound to name from a bad sms)
             problems.append(f"hardware.max_comm_sms: must be in 1..{self.sms - 1}, got {self.max_comm_sms}")
         if not 0 < self.default_comm_sms <= self.max_comm_sms:
             problems.append(f"hardware.default_comm_sms: must be in 1..max_comm_sms={self.max_comm_sms}, "

@@ -80,8 +80,13 @@ def space_problems(space: SpaceConfig, gpu: GPUSpec) -> list[str]:
         if not sms:
             out.append("search.space: no SM counts (check sms / sms_min / sms_max / sms_step)")
         bad = [s for s in sms if s < 1 or s > gpu.sms - 1]
-        if bad:
+        if bad and space.sms is not None:
             out.append(f"search.space.sms: {bad} outside 1..{gpu.sms - 1} for {gpu.name}")
+        elif bad:  # from the range: name the end that is out, not the counts it makes
+            for name, v in (("sms_min", min(sms)), ("sms_max", max(sms))):
+                if not 1 <= v <= gpu.sms - 1:
+                    out.append(f"search.space.{name}: must be within 1..{gpu.sms - 1} for {gpu.name}, "
+                               f"got {getattr(space, name) if getattr(space, name) is not None else v}")
     fr = space.freq_mhz
     if fr.step is not None and (fr.step <= 0 or fr.step % gpu.step_mhz):
         out.append(f"search.space.freq_mhz.step: must be a positive multiple of {gpu.name}'s {gpu.step_mhz} MHz step, "
