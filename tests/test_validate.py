@@ -87,6 +87,15 @@ def test_model_sizes_must_be_positive(field, bad):
     assert problems(f"model.{field}={bad}") == [f"model.{field}: must be >= 1, got {bad}"]
 
 
+def test_a_layout_whose_weights_and_gradients_overflow_the_gpu_is_refused():
+    """llama3.3-70b on tp=2 alone holds 35 B parameters per GPU: no Megatron setup fits 40 GB."""
+    assert problems(base=("+model=llama3.3-70b", "parallel=pp1_tp2")) == [
+        "parallel: llama3.3-70b on tp=2 pp=1 puts 35.3 B parameters on a GPU, at least 141 GB for bf16 weights "
+        "and gradients alone, more than A100-SXM4-40GB's 40 GB; raise parallel.tp or parallel.pp"]
+    assert problems("hardware.memory_gb=160", base=("+model=llama3.3-70b", "parallel=pp1_tp2")) == []
+    assert problems(base=("+model=llama3.3-70b", "parallel=pp10_tp8", "hardware=h100_sim")) == []  # the held-out layout
+
+
 def test_micro_batch_must_split_into_nanobatches():
     assert problems("parallel.micro_batch_size=7") == [
         "parallel.micro_batch_size: 7 does not split into parallel.nanobatches=2 equal nanobatches"]

@@ -226,3 +226,19 @@ def test_kernel_shapes_are_carried_for_the_runtime():
     b, heads, seq, d, cp = ops["attention"].shape
     assert (b, heads, seq, d, cp) == (2, 12, 2048, 128, 1)
     assert ops["attention"].flops == pytest.approx(4.0 * b * heads * d * seq * seq / 2)
+
+
+def test_parameters_per_gpu_add_up_to_the_published_model_sizes():
+    """Llama-3.2-3B has 3.21 B parameters (tied embeddings), Llama-3.1-8B 8.03 B (untied); split over
+    tp and pp, each GPU holds its share, and an embedding tied across stages is held twice."""
+    from kareus.workload.memory import stage_parameters
+
+    one = ParallelSpec(tp=1, pp=1, micro_batch_size=1, num_microbatches=1, seq_len=4096)
+    llama3b = ModelSpec("llama3.2-3b", 28, 3072, 8192, 24, 8, 128, 128256, tied_embeddings=True)
+    llama8b = ModelSpec("llama3.1-8b", 32, 4096, 14336, 32, 8, 128, 128256)
+    assert sum(stage_parameters(llama3b, one)) == pytest.approx(3.21e9, rel=0.005)
+    assert sum(stage_parameters(llama8b, one)) == pytest.approx(8.03e9, rel=0.005)
+    split = stage_parameters(llama8b, ParallelSpec(tp=4, pp=2, micro_batch_size=1, num_microbatches=2, seq_len=4096))
+    assert len(split) == 2 and sum(split) * 4 == pytest.approx(8.03e9, rel=0.005)
+    tied = stage_parameters(llama3b, ParallelSpec(tp=1, pp=2, micro_batch_size=1, num_microbatches=2, seq_len=4096))
+    assert sum(tied) - sum(stage_parameters(llama3b, one)) == pytest.approx(128256 * 3072, rel=0.01)

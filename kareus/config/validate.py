@@ -224,7 +224,12 @@ def validate(cfg: Any) -> dict[str, Any]:
     model_free = "hardware" in typed and getattr(typed["hardware"], "name", "") == "replay" and mode == "search"
     if cfg.get("model") is None and not model_free:
         problems.append("model: no model selected")
-    problems += validate_model_parallel(model, cfg.parallel, gpu.gpus_per_node if gpu else 8)
+    layout = validate_model_parallel(model, cfg.parallel, gpu.gpus_per_node if gpu else 8)
+    problems += layout
+    if not layout and model is not None and gpu is not None:
+        from kareus.workload.memory import memory_problem
+
+        problems += [line for line in (memory_problem(model, cfg.parallel, gpu.name, gpu.memory_gb),) if line]
     if "hardware" in typed and "profiler" in typed:
         problems += validate_clock_control(typed["hardware"], typed["profiler"])
         if gpu is not None:

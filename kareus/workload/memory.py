@@ -1,0 +1,56 @@
+"""Parameters each GPU holds, per pipeline stage: the least memory a layout needs.
+
+A layout whose weights and gradients alone overflow a GPU cannot train, however the rest is set up;
+planning it would produce plans nobody can run. Counts follow megatron-core's GPT layers: fused QKV
+(GQA), the attention output projection and the MLP (SwiGLU: three matrices, GELU: two) are split
+over tp; the norms are replicated; the embedding sits on the first stage and the output layer on the
+last (one matrix when the two are tied on a single stage), the vocabulary padded as Megatron pads it.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from kareus.workload.shapes import padded_vocab_size
+
+# bf16 weights and bf16 gradients: below any Megatron setup (fp32 main gradients and the Adam states,
+# sharded or offloaded, only add to it), so a layout above it is refused without a doubt
+BYTES_PER_PARAMETER_AT_LEAST = 4
+
+
+def layer_parameters(model: Any) -> tuple[int, int]:
+    """(split over tp, replicated) parameters of one transformer layer."""
+    h = model.hidden_size
+    q, kv = model.num_attention_heads * model.head_dim, model.num_kv_heads * model.head_dim
+    mats = 3 if str(getattr(model.activation, "value", model.activation)) == "swiglu" else 2
+    split = h * (q + 2 * kv) + q * h + mats * h * model.ffn_hidden_size
+    replicated = 2 * h + (2 * model.head_dim if model.qk_layernorm else 0)
+    return split, replicated
+
+
+def stage_parameters(model: Any, parallel: Any) -> list[float]:
+    """Parameters on one GPU of each pipeline stage (``parallel.layer_split`` or an even split)."""
+    split = list(parallel.layer_split) if parallel.layer_split else [model.num_layers // parallel.pp] * parallel.pp
+    per_layer, replicated = layer_parameters(model)
+    embedding = padded_vocab_size(model.vocab_size, parallel.tp) * model.hidden_size / parallel.tp
+    out = []
+    for i, layers in enumerate(split):
+        n = layers * (per_layer / parallel.tp + replicated)
+        if i == 0:
+            n += embedding
+        if i == len(split) - 1:
+            n += model.hidden_size  # the final norm
+            if not (model.tied_embeddings and len(split) == 1):
+                n += embedding  # the output layer (a copy of the embedding when tied across stages)
+        out.append(n)
+    return out
+
+
+def memory_problem(model: Any, parallel: Any, gpu_name: str, memory_gb: float) -> str | None:
+    """Why the layout cannot fit the GPU's memory (None if it may)."""
+    most = max(stage_parameters(model, parallel))
+    need_gb = most * BYTES_PER_PARAMETER_AT_LEAST / 1e9
+    if need_gb <= memory_gb:
+        return None
+    return (f"parallel: {model.name} on tp={parallel.tp} pp={parallel.pp} puts {most / 1e9:.1f} B parameters on a "
+            f"GPU, at least {need_gb:.0f} GB for bf16 weights and gradients alone, more than {gpu_name}'s "
+            f"{memory_gb:g} GB; raise parallel.tp or parallel.pp")
