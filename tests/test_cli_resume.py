@@ -80,6 +80,7 @@ def _foreign(folder: Path) -> Path:
     (_foreign, [], "has no journal.sqlite"),
     (_broken, [], "is not a readable Kareus journal"),
     (None, ["search.budget_frac=0.3"], "was written with config hash"),
+    (None, ["search.budget_frac=0.3", "seed=3"], "; it differs in search.budget_frac (0.15 -> 0.3), search.seed (0 -> 3), seed (0 -> 3)"),
     ("older", [], "was measured under measurement revision 0"),
 ])
 def test_a_resume_that_cannot_continue_is_refused_before_anything_is_recorded(first, tmp_path, make, extra, says):

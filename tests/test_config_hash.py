@@ -10,3 +10,15 @@ def test_a_clock_switch_price_is_not_part_of_the_journal_hash():
     assert config_hash(compose_config("+model=tiny", "parallel=pp2_tp2", "hardware.clock_switch_s=0.002")) == base
     assert config_hash(compose_config("+model=tiny", "parallel=pp2_tp2", "hardware.static_power_w=90")) != base
     assert config_hash(compose_config("+model=tiny", "parallel=pp2_tp2", "plan.deadline_s=1")) == base
+
+
+def test_measured_differences_name_what_a_resume_changed_and_nothing_else():
+    from kareus.config.hashing import measured_differences
+
+    old = {"search": {"budget_frac": 0.15, "seed": 0}, "hardware": {"clock_switch_s": 0.0, "sms": 108},
+           "tracking": {"experiment": "a"}, "seed": 0}
+    new = {"search": {"budget_frac": 0.3, "seed": 0}, "hardware": {"clock_switch_s": 0.002, "sms": 108},
+           "tracking": {"experiment": "b"}, "seed": 1, "model": {"name": "tiny"}}
+    assert measured_differences(old, new) == ["model.name (- -> tiny)", "search.budget_frac (0.15 -> 0.3)",
+                                              "seed (0 -> 1)"]
+    assert measured_differences(old, old) == []

@@ -27,6 +27,11 @@ def stable_hash(obj: Any) -> str:
 
 def config_hash(cfg: Any) -> str:
     """The hash of a run's measurement-relevant sections (what its journal is keyed by)."""
+    return stable_hash(measured_sections(cfg))
+
+
+def measured_sections(cfg: Any) -> dict[str, Any]:
+    """The sections (and keys) of a config that change what is measured, as plain data."""
     from omegaconf import DictConfig, OmegaConf
 
     container = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True) if isinstance(cfg, DictConfig) else cfg
@@ -36,4 +41,18 @@ def config_hash(cfg: Any) -> str:
         if isinstance(section, dict) and k in UNMEASURED_KEYS:
             section = {key: v for key, v in section.items() if key not in UNMEASURED_KEYS[k]}
         measured[k] = section
-    return stable_hash(measured)
+    return measured
+
+
+def measured_differences(old: Any, new: Any) -> list[str]:
+    """``key (old -> new)`` for every measurement-relevant value two configs set differently."""
+    def flat(node: Any, prefix: str = "") -> dict[str, Any]:
+        if isinstance(node, dict):
+            out: dict[str, Any] = {}
+            for k, v in node.items():
+                out.update(flat(v, f"{prefix}{k}."))
+            return out
+        return {prefix[:-1]: node}
+
+    a, b = flat(measured_sections(old)), flat(measured_sections(new))
+    return [f"{k} ({a.get(k, '-')} -> {b.get(k, '-')})" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]

@@ -70,7 +70,7 @@ def build_context(cfg: DictConfig, typed: dict[str, Any], run_dir: Path) -> RunC
     digest = config_hash(cfg)
     describe = str(getattr(cfg.mode, "value", cfg.mode)) == "describe"
     if cfg.get("resume"):
-        _continue_journal(_from_start_dir(str(cfg.resume)), run_dir, digest, copy=not describe)
+        _continue_journal(_from_start_dir(str(cfg.resume)), run_dir, digest, cfg, copy=not describe)
     elif not describe:
         _check_own_journal(run_dir, digest)
     return RunContext(cfg=cfg, typed=typed, run_dir=run_dir, gpu=gpu, model=model, parallel=parallel,
@@ -99,7 +99,26 @@ def _check_own_journal(run_dir: Path, digest: str) -> None:
         raise KareusError(f"journal: {err}") from None
 
 
-def _continue_journal(old_run_dir: Path, run_dir: Path, digest: str, copy: bool = True) -> None:
+def _differences(old_run_dir: Path, cfg: Any, most: int = 6) -> str:
+    """``; it differs in k (old -> new), ...``: what a resume changed, from the old run's saved config
+    ("" when that config is gone or unreadable, or nothing measured differs: another Kareus revision)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from kareus.config.hashing import measured_differences
+
+    saved = old_run_dir / ".hydra" / "config.yaml"
+    try:
+        diff = measured_differences(OmegaConf.load(saved), cfg)
+    except (OSError, OmegaConfBaseException, ValueError):
+        return ""
+    if not diff:
+        return ""
+    more = f", and {len(diff) - most} more" if len(diff) > most else ""
+    return f"; it differs in {', '.join(diff[:most])}{more}"
+
+
+def _continue_journal(old_run_dir: Path, run_dir: Path, digest: str, cfg: Any, copy: bool = True) -> None:
     """Check the old run's journal read-only, then copy it into ``run_dir`` to be continued there.
 
     Every refusal is one ``resume: ...`` line, raised before the run records anything. The copy makes
@@ -108,13 +127,15 @@ def _continue_journal(old_run_dir: Path, run_dir: Path, digest: str, copy: bool 
     Without ``copy`` (describe, which measures nothing) the old journal is only checked.
     """
     from kareus.errors import KareusError
-    from kareus.profiler.journal import JournalError, check_journal, copy_journal, journal_path_for
+    from kareus.profiler.journal import JournalError, JournalMismatchError, check_journal, copy_journal, journal_path_for
 
     if not old_run_dir.is_dir():
         raise KareusError(f"resume: {old_run_dir} is not a run directory")
     source, own = journal_path_for(old_run_dir), journal_path_for(run_dir)
     try:
         check_journal(source, digest)
+    except JournalMismatchError as err:
+        raise KareusError(f"resume: {err}{_differences(old_run_dir, cfg)}") from None
     except JournalError as err:
         raise KareusError(f"resume: {err}") from None
     if own.exists():
