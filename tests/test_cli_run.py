@@ -70,6 +70,12 @@ def test_mission_command_writes_frontiers_plans_and_record(mission_run):
         logged = {k for (k,) in con.execute("select distinct key from metrics where key like 'perseus.%'")}
     assert {"perseus.energy_saving_at_reference_pct", "perseus.energy_saving_min_pct",
             "perseus.energy_saving_max_pct", "perseus.gpu_hours_simulated"} <= logged
+    with sqlite3.connect(cwd / "runs" / "mlflow.db") as con:  # each summary value once, not twice at step 0
+        counts = dict(con.execute("SELECT key, COUNT(*) FROM metrics WHERE key IN ('reference.iteration_time_s', "
+                                  "'reference.iteration_energy_j', 'profiled_candidates') GROUP BY key").fetchall())
+        run_dir = con.execute("SELECT value FROM tags WHERE key = 'run_dir'").fetchone()[0]
+    assert counts == {"reference.iteration_time_s": 1, "reference.iteration_energy_j": 1, "profiled_candidates": 1}
+    assert Path(run_dir) == run.resolve()  # the run, found from MLflow, to resume or read
     assert "Megatron" in res.stdout and "simulated" in res.stdout
     assert (cwd / "runs" / "mlflow.db").is_file()
 
@@ -131,6 +137,19 @@ def test_a_search_only_run_logs_what_it_profiled(tmp_path):
             "SELECT m.key, m.value FROM metrics m JOIN tags t ON t.run_uuid = m.run_uuid "
             "WHERE t.key = 'kareus.kind' AND t.value = 'invocation'").fetchall())
     assert metrics["profiled_candidates"] == 6 * 8 and metrics["profiling_gpu_hours_simulated"] > 0
+
+
+def test_a_run_whose_plan_is_refused_records_why_and_what_it_profiled(tmp_path):
+    """Its MLflow run said FAILED and nothing more: no reason, and none of the search's cost."""
+    res = kareus(tmp_path, "+model=tiny", "parallel=pp1_tp2", "plan.deadline_s=0.001", "progress=false", timeout=300)
+    assert res.returncode == 2, res.stderr[-2000:]
+    with sqlite3.connect(tmp_path / "runs" / "mlflow.db") as con:
+        [(run, status)] = con.execute("SELECT r.run_uuid, r.status FROM runs r JOIN tags t ON t.run_uuid = r.run_uuid "
+                                      "WHERE t.key = 'kareus.kind' AND t.value = 'invocation'").fetchall()
+        tags = dict(con.execute("SELECT key, value FROM tags WHERE run_uuid = ?", (run,)).fetchall())
+        metrics = dict(con.execute("SELECT key, value FROM metrics WHERE run_uuid = ?", (run,)).fetchall())
+    assert status == "FAILED" and tags["error"].startswith("plan: no plan meets plan.deadline_s=0.001 s")
+    assert metrics["profiled_candidates"] > 0 and metrics["profiling_gpu_hours_simulated"] > 0
 
 
 def test_perseus_comparison_is_optional_and_leaves_the_reference_as_it_was(tmp_path):

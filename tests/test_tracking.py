@@ -465,3 +465,13 @@ def test_a_tracking_store_plugins_scheme_is_accepted(monkeypatch):
     assert TrackingConfig(uri="mystore://bucket/runs").problems() == []
     assert TrackingConfig(uri="otherstore://x").problems()[0].endswith(
         "http, https, databricks, databricks-uc, uc, mystore (a database may name its driver: postgresql+psycopg2)")
+
+
+def test_overrides_read_alike_in_single_runs_and_sweep_jobs():
+    """Hydra writes a sweep job's booleans as True/False; a filter on 'false' missed those jobs."""
+    from kareus.tracking.records import normal_override, override_tags
+    from kareus.tracking.tracker import default_run_name
+
+    assert normal_override("progress=False") == "progress=false" and normal_override("name=False x") == "name=False x"
+    assert override_tags(["progress=False"])["override.progress"] == "false"
+    assert default_run_name({"model": "tiny"}, ["progress=True"]) == "tiny progress=true"

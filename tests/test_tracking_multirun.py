@@ -85,6 +85,16 @@ def test_multirun_nests_one_child_run_per_job_under_a_sweep_run(tmp_path):
     assert sorted(r.data.tags["override.passes"] for r in jobs) == ["[total,dynamic,static]", "[total,dynamic]"]
     assert sorted(r.data.params["passes"] for r in jobs) == ['["total","dynamic","static"]', '["total","dynamic"]']
     assert {r.data.tags["mlflow.parentRunId"] for r in by_kind["partition"]} == {r.info.run_id for r in jobs}
+    # a partition run tells its job apart, by name (chart legends) and by tags (filters)
+    job_of = {r.info.run_id: r for r in jobs}
+    for part in by_kind["partition"]:
+        job = job_of[part.data.tags["mlflow.parentRunId"]]
+        assert part.info.run_name.endswith(job.info.run_name) and part.info.run_name != job.info.run_name
+        assert part.data.tags["override.passes"] == job.data.tags["override.passes"]
+    assert len({p.info.run_name for p in by_kind["partition"]}) == 2
+    # the sweep's counts carry the time they were logged (0 charts as 1970)
+    history = client.get_metric_history(sweep.info.run_id, "jobs")
+    assert [m.timestamp > 1_600_000_000_000 for m in history] == [True]
     sweep_files = list((tmp_path / "multirun").rglob("mlflow_parent_run_id"))
     assert [p.read_text().strip() for p in sweep_files] == [sweep.info.run_id]
 

@@ -69,7 +69,7 @@ def _search_and_plan_on(ctx: RunContext, console: Console, compose: bool, backen
     with tracker:
         tracker.start(OmegaConf.to_container(ctx.cfg, resolve=True, enum_to_str=True),
                       choices=hctx.get("choices"), overrides=hctx.get("overrides", ()), hardware=ctx.hardware_label,
-                      run_name=hctx.get("run_name"), tags={"config_hash": ctx.config_hash},
+                      run_name=hctx.get("run_name"), tags={"config_hash": ctx.config_hash, "run_dir": str(ctx.run_dir)},
                       simulated=ctx.simulated)
         tasks = make_tasks(ctx, partitions, lambda p: [tracker.partition_listener_factory(p.key, p.slot_labels)])
         progress = make_progress(bool(ctx.cfg.progress), console=console, simulated=ctx.simulated)
@@ -85,13 +85,13 @@ def _search_and_plan_on(ctx: RunContext, console: Console, compose: bool, backen
         gpu_seconds = sum(r.gpu_seconds for r in results)
         summary.update(search=search_summary, profiled=profiled, profiling_gpu_seconds=gpu_seconds)
         _print_search_summary(console, search_summary, gpu_seconds, ctx)
-        if not compose:  # a run that composes logs these with its plan's metrics
-            from kareus.tracking.records import gpu_hours_name
+        from kareus.tracking.records import gpu_hours_name
 
-            tracker.log_summary({"profiled_candidates": profiled,
-                                 gpu_hours_name(ctx.simulated, "profiling_"): gpu_seconds / 3600.0})
+        # before composing: a run whose plan is refused still records what its search cost
+        tracker.log_summary({"profiled_candidates": profiled,
+                             gpu_hours_name(ctx.simulated, "profiling_"): gpu_seconds / 3600.0})
         if compose and ctx.partitioning is not None:
-            summary.update(_compose_and_plan(ctx, console, backend, results, tracker, profiled, gpu_seconds))
+            summary.update(_compose_and_plan(ctx, console, backend, results, tracker))
             if "selection_error" in summary:  # refused once everything, the summary too, is on disk
                 _write_summary(ctx, summary)
                 raise KareusError(f"plan: {summary['selection_error']} (the frontier and all plans are in "
@@ -104,8 +104,7 @@ def _write_summary(ctx: RunContext, summary: dict[str, Any]) -> None:
     (ctx.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
 
 
-def _compose_and_plan(ctx: RunContext, console: Console, backend: Any, results: list, tracker: Any,
-                      profiled: int, gpu_seconds: float) -> dict[str, Any]:
+def _compose_and_plan(ctx: RunContext, console: Console, backend: Any, results: list, tracker: Any) -> dict[str, Any]:
     from kareus.pipeline.composing import compose, measure_fixed_work, measure_perseus_space
     from kareus.plan import PlanSelectionError, frontier_table, make_plans, select_plan, write_run_outputs
     from kareus.profiler import Journal, Profiler, ProfilerConfig
@@ -154,8 +153,10 @@ def _compose_and_plan(ctx: RunContext, console: Console, backend: Any, results: 
         out["perseus"] = perseus
     if selected is not None:
         tracker.log_plan(outputs["plan_selected"])
-        metrics = summary_metrics(selected.predicted_time_s, selected.predicted_energy_j, ref_t, ref_e, profiled,
-                                  gpu_seconds, simulated=ctx.simulated)  # the searches', as printed
+        # the search's cost is logged already, the reference with the iteration frontier: once each
+        metrics = {k: v for k, v in summary_metrics(selected.predicted_time_s, selected.predicted_energy_j, ref_t,
+                                                    ref_e, simulated=ctx.simulated).items()
+                   if not k.startswith("reference.")}
         switches = selected.switches
         tracker.log_summary({**metrics, "plan.clock_switches": switches})
         out["selected"] = {"time_s": selected.predicted_time_s, "energy_j": selected.predicted_energy_j,

@@ -85,10 +85,13 @@ class MlflowSweepCallback(Callback):
         for child in children:  # a job whose process died never closed its run
             retry(self._client.set_terminated, child.info.run_id, "FAILED")
         failed = self._started - self._completed
+        import time
+
         from mlflow.entities import Metric
 
+        now = int(time.time() * 1000)  # MLflow's timestamps are milliseconds; 0 would chart as 1970
         retry(self._client.log_batch, self.run_id,
-              metrics=[Metric("jobs", float(self._started), 0, 0), Metric("jobs_failed", float(failed), 0, 0)])
+              metrics=[Metric("jobs", float(self._started), now, 0), Metric("jobs_failed", float(failed), now, 0)])
         retry(self._client.set_terminated, self.run_id, "FAILED" if failed or aborted else "FINISHED")
         if self._previous_env is None:
             os.environ.pop(ENV_PARENT_RUN, None)

@@ -156,8 +156,10 @@ def plot_iteration_frontier(frontier: Frontier, path: str | Path, reference: tup
 
 
 def plot_frontiers(frontiers: Mapping[str, Frontier], path: str | Path, title: str = "Microbatch frontiers",
-                   note: str | None = None, references: Mapping[str, tuple[float, float]] | None = None) -> Path:
-    """Several frontiers (e.g. one per stage and direction), one panel each, in a grid."""
+                   note: str | None = None, references: Mapping[str, tuple[float, float]] | None = None,
+                   energy: str = "energy") -> Path:
+    """Several frontiers (e.g. one per stage and direction), one panel each, in a grid; ``energy``
+    names what their energy axis holds (the microbatch frontiers hold dynamic energy)."""
     keys = list(frontiers)
     n = max(1, len(keys))
     ncols = min(3, n)
@@ -175,7 +177,7 @@ def plot_frontiers(frontiers: Mapping[str, Frontier], path: str | Path, title: s
             ax.plot(ref[0] / ts, ref[1] / es, "*", ms=12, color="crimson")
         ax.set_title(f"{key} ({len(f)} points)", fontsize=9)
         ax.set_xlabel(f"time ({tu})", fontsize=8)
-        ax.set_ylabel(f"energy ({eu})", fontsize=8)
+        ax.set_ylabel(f"{energy} ({eu})", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(True, alpha=0.3)
     fig.suptitle(title + (f" ({note})" if note else ""), fontsize=11)

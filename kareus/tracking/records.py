@@ -79,8 +79,16 @@ def config_params(resolved: Mapping[str, Any]) -> dict[str, str]:
     return params
 
 
+def normal_override(item: str) -> str:
+    """An override as the user types it: Hydra writes a sweep job's booleans as ``True``/``False``,
+    a single run keeps ``true``/``false``; one spelling keeps tag filters and run names comparable."""
+    key, sep, value = item.partition("=")
+    return f"{key}={value.lower()}" if sep and value in ("True", "False") else item
+
+
 def override_tags(overrides: Sequence[str]) -> dict[str, str]:
     """``["+model=qwen", "search.passes=[a,b]"]`` -> ``overrides`` plus one ``override.<key>`` tag each."""
+    overrides = [normal_override(o) for o in overrides]
     tags = {"overrides": truncate(" ".join(overrides), MAX_TAG_VALUE)} if overrides else {}
     for item in overrides:
         key, sep, value = item.partition("=")

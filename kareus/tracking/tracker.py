@@ -54,7 +54,7 @@ def default_run_name(choices: Mapping[str, Any], overrides: Sequence[str] = ()) 
     """``qwen1.7b pp2_tp8 mbo`` plus every other override (``hardware=h100_sim``, ``seed=1``), so
     sweep jobs get distinct names."""
     parts = [str(choices[g]) for g in NAMED_GROUPS if choices.get(g)]
-    for item in overrides:
+    for item in map(records.normal_override, overrides):
         if item.partition("=")[0].lstrip("+~") not in NAMED_GROUPS:
             parts.append(item.lstrip("+~"))
     return records.truncate(" ".join(parts) or "kareus", 250)
@@ -123,6 +123,8 @@ class Tracker:
         self.uri: str | None = None
         self.hardware: str | None = None
         self.simulated: bool | None = None
+        self.run_name = ""
+        self._identity: dict[str, str] = {}  # the invocation's choice, override and git tags
         self._client = None
 
     @property
@@ -170,6 +172,10 @@ class Tracker:
         name = records.truncate(self.config.run_name or run_name or default_run_name(choices, overrides), 250)
         run = retry(self._client.create_run, self.experiment_id, run_name=name, tags=all_tags)
         self.run_id = run.info.run_id
+        self.run_name = name
+        # what tells one job from another, for the partition runs too (filters and chart legends)
+        self._identity = {k: v for k, v in all_tags.items()
+                          if k.startswith(("choice.", "override", "git.", "mlflow.source.git"))}
         self._log_params(records.config_params(resolved_config))
         import yaml
 
@@ -199,8 +205,15 @@ class Tracker:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None and issubclass(exc_type, (KeyboardInterrupt, SystemExit)):
             self.end("KILLED")  # Ctrl-C, or SIGTERM turned into SystemExit by the CLI
-        else:
-            self.end("FAILED" if exc_type else "FINISHED")
+            return
+        if exc is not None and self.active:  # why it failed, beside the status (the run's one error line)
+            try:
+                retry(self._client.set_tag, self.run_id, "error",
+                      records.truncate(str(exc).strip().splitlines()[0] if str(exc).strip() else exc_type.__name__,
+                                       records.MAX_TAG_VALUE))
+            except Exception:
+                log.warning("could not record the error of %s", self.run_id, exc_info=True)
+        self.end("FAILED" if exc_type else "FINISHED")
 
     # ---- partition searches ---------------------------------------------------------------
     def partition_listener_factory(self, partition_key: str, slot_labels: Sequence[str] = ()) -> PartitionListenerFactory:
@@ -209,10 +222,10 @@ class Tracker:
             return PartitionListenerFactory(partition_key, None)
         return PartitionListenerFactory(
             partition=partition_key, uri=self.uri, experiment_id=self.experiment_id, parent_run_id=self.run_id,
-            run_name=f"partition {partition_key}", slot_labels=tuple(slot_labels),
+            run_name=records.truncate(f"partition {partition_key} · {self.run_name}", 250), slot_labels=tuple(slot_labels),
             candidates=self.config.candidates, plots=self.config.plots, telemetry=self.config.telemetry,
             note=self._note(), flush_interval_s=self.config.flush_interval_s,
-            tags=(*((("hardware", self.hardware),) if self.hardware else ()),
+            tags=(*self._identity.items(), *((("hardware", self.hardware),) if self.hardware else ()),
                   *((("simulated", str(bool(self.simulated)).lower()),) if self.simulated is not None else ())),
             simulated=self.simulated)
 
@@ -230,7 +243,7 @@ class Tracker:
 
             with tempfile.TemporaryDirectory() as tmp:
                 plots.plot_frontiers(frontiers, Path(tmp) / "microbatch_frontiers.png", note=self._note(),
-                                     references=references)
+                                     references=references, energy="dynamic energy")
                 retry(self._client.log_artifacts, self.run_id, tmp, "plots")
 
     def log_iteration_frontier(self, frontier: Frontier, reference: tuple[float, float] | None = None,
