@@ -252,19 +252,25 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     os._exit(0)
 
 
-@pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
+def _run_ranks(worker, out, hung: str) -> list[dict]:
+    """Two spawned ranks of ``worker(rank, port, out)``, each writing ``<out>/<rank>.json``; a rank
+    still running after the deadline fails the test with ``hung``."""
     import torch.multiprocessing as mp
 
-    out = tmp_path_factory.mktemp("group")
-    ctx = mp.start_processes(_worker, args=(_free_port(), str(out)), nprocs=2, join=False, start_method="spawn")
+    ctx = mp.start_processes(worker, args=(_free_port(), str(out)), nprocs=2, join=False, start_method="spawn")
     deadline = time.monotonic() + DEADLINE_S
     while not ctx.join(timeout=1.0):
         if time.monotonic() > deadline:
             for proc in ctx.processes:
                 proc.kill()
-            pytest.fail(f"the group hung for {DEADLINE_S:.0f} s: its ranks disagreed on their collectives")
+            pytest.fail(f"{hung} ({DEADLINE_S:.0f} s)")
     return [json.loads((out / f"{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    return _run_ranks(_worker, tmp_path_factory.mktemp("group"),
+                      "the group hung: its ranks disagreed on their collectives")
 
 
 def test_the_backend_starts_torch_distributed_from_torchruns_environment(ranks):
@@ -366,16 +372,6 @@ def _refusing_worker(rank: int, port: int, out_dir: str) -> None:
 
 def test_a_gpu_one_rank_refuses_stops_every_rank_with_one_line(tmp_path):
     """The refused rank stopping alone, before the process group, left its peer waiting there."""
-    import torch.multiprocessing as mp
-
-    ctx = mp.start_processes(_refusing_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=False,
-                             start_method="spawn")
-    deadline = time.monotonic() + DEADLINE_S
-    while not ctx.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for proc in ctx.processes:
-                proc.kill()
-            pytest.fail(f"a rank waited {DEADLINE_S:.0f} s for a peer that had stopped")
-    r0, r1 = (json.loads((tmp_path / f"{r}.json").read_text())["stopped"] for r in range(2))
+    r0, r1 = (r["stopped"] for r in _run_ranks(_refusing_worker, tmp_path, "a rank waited for a peer that had stopped"))
     assert r1 == "hardware.gpu: A100-SXM4-40GB, but this GPU is an H200"
     assert r0.startswith("another rank of the group refused its GPU") and "\n" not in r0
