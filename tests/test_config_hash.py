@@ -22,3 +22,7 @@ def test_measured_differences_name_what_a_resume_changed_and_nothing_else():
     assert measured_differences(old, new) == ["model.name (- -> tiny)", "search.budget_frac (0.15 -> 0.3)",
                                               "seed (0 -> 1)"]
     assert measured_differences(old, old) == []
+    # another searcher changes many keys: its name comes first, before the keys it brings along
+    other = {**old, "search": {"name": "random", "budget_frac": 0.15, "seed": 0, "batch_size": 8}}
+    assert measured_differences({**old, "search": {**old["search"], "name": "mbo"}}, other)[0] == \
+        "search.name (mbo -> random)"

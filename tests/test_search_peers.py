@@ -59,6 +59,19 @@ def test_optuna_peer_on_a_small_space_finishes_without_endless_repeats():
     assert len(res.measurements) == 8 == gpu.calls
 
 
+def test_optuna_peer_with_a_budget_the_size_of_the_space_gives_up_on_repeats_early():
+    """Near a budget the size of the space nearly every suggestion is a repeat, and each ask costs more
+    as trials pile up: at the default 20 asks per profile, a 640-candidate partition ran for half an
+    hour. A few batches that suggest nothing new end it: the rest is filled at random."""
+    cfg = SpaceConfig(sms=[2, 4, 6, 8, 10, 12], slots=["sequential", "s1"])
+    prob, gpu = problem(10**6, space_cfg=cfg)
+    searcher = SEARCHERS.build("tpe", config={"seed": 0})
+    res = searcher.run(prob)
+    space = len(prob.space)
+    assert len(res.measurements) == space == gpu.calls
+    assert len(searcher.study.trials) < 5 * space  # not max_asks_factor (20) x the budget
+
+
 def test_exhaustive_measures_everything_and_finds_the_true_front():
     prob, gpu = problem(10)
     res = SEARCHERS.build("exhaustive", config={}).run(prob)

@@ -55,4 +55,6 @@ def measured_differences(old: Any, new: Any) -> list[str]:
         return {prefix[:-1]: node}
 
     a, b = flat(measured_sections(old)), flat(measured_sections(new))
-    return [f"{k} ({a.get(k, '-')} -> {b.get(k, '-')})" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    keys = sorted((k for k in set(a) | set(b) if a.get(k) != b.get(k)),
+                  key=lambda k: (not k.endswith(".name"), k))  # another component first: it explains the rest
+    return [f"{k} ({a.get(k, '-')} -> {b.get(k, '-')})" for k in keys]

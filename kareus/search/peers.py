@@ -140,6 +140,7 @@ class OptunaSearcher:
             c = run.space[i]
             study.enqueue_trial({"slot": c.slot, "sms": c.sms, "freq_mhz": c.freq_mhz})
         asks, max_asks = 0, self.cfg.max_asks_factor * max(run.budget, 1)
+        stalled = 0  # consecutive batches whose every suggestion was measured already
         first = True
         batch = round_batch(self.cfg, run.budget - len(init))
         while run.remaining > 0:
@@ -168,13 +169,19 @@ class OptunaSearcher:
             if new or first:
                 run.finish_batch()
             first = False
-            if asks >= max_asks and run.remaining > 0:  # the sampler keeps repeating itself: fill at random
+            stalled = 0 if new else stalled + 1
+            # the sampler keeps repeating itself (near a budget the size of the space, each further ask
+            # also costs more, and the asks allowed grow with the budget): fill at random
+            if (asks >= max_asks or stalled >= STALLED_BATCHES) and run.remaining > 0:
                 pool = run.unmeasured
                 picks = rng.choice(pool, size=min(run.remaining, len(pool)), replace=False)
                 run.evaluate(picks, [{"pass": "random"} for _ in picks])
                 run.finish_batch()
         self.study = study
         return run.result()
+
+
+STALLED_BATCHES = 3  # batches in a row that suggest nothing new before the rest is filled at random
 
 
 def _numeric(values: set[int]) -> Any:
