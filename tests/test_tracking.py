@@ -246,14 +246,14 @@ def test_forked_worker_gets_its_own_connection_pool(tmp_path):
 
 
 def test_concurrent_writers_share_one_sqlite_store(tmp_path):
-    from mlflow.tracking import MlflowClient  # imported once here, inherited by the forked workers
+    from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path}/fresh/mlflow.db"  # not yet created: initialisation races too
     parts = [f"p{i}" for i in range(3)]
-    # fork: the children skip re-importing mlflow; each still opens its own store connection
-    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-    with ctx.Pool(3) as pool:
-        run_ids = pool.starmap(_worker, [(uri, p, 12) for p in parts])
+    # spawn: a fork of the test process, whose earlier tests leave threads holding locks, once hung
+    # forever in a child; a deadline turns any hang into a failure
+    with mp.get_context("spawn").Pool(3) as pool:
+        run_ids = pool.starmap_async(_worker, [(uri, p, 12) for p in parts]).get(timeout=300)
 
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name("concurrent")
@@ -263,9 +263,10 @@ def test_concurrent_writers_share_one_sqlite_store(tmp_path):
         assert [m.step for m in sorted(client.get_metric_history(run_id, "energy_j"), key=lambda m: m.step)] \
             == list(range(12))
         assert client.get_run(run_id).info.status == "FINISHED"
-    # now the parent holds pooled connections to the store; forked workers must not reuse them
-    with ctx.Pool(2) as pool:
-        more = pool.starmap(_worker, [(uri, p, 6) for p in ("q0", "q1")])
+    # more writers into the store that now exists (that a forked worker gets a pool of its own, not the
+    # parent's: test_forked_worker_gets_its_own_connection_pool, forked from an interpreter of its own)
+    with mp.get_context("spawn").Pool(2) as pool:
+        more = pool.starmap_async(_worker, [(uri, p, 6) for p in ("q0", "q1")]).get(timeout=300)
     assert len(client.search_runs([exp.experiment_id])) == 5
     for run_id in more:
         assert len(client.get_metric_history(run_id, "time_s")) == 6
