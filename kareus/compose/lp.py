@@ -30,7 +30,7 @@ import bisect
 import itertools
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -123,8 +123,8 @@ def _tables(options: Options, clock: float | None = None) -> dict:
         keep = np.array([j for j, o in enumerate(opts) if clock is None or o.freq_mhz == clock], dtype=int)
         t_all = np.array([opts[j].time_s for j in keep], float)
         e_all = np.array([opts[j].dynamic_energy_j for j in keep], float)
-        idx = keep[np.asarray(pareto_indices(t_all, e_all), dtype=int)]
-        t, e = np.array([opts[j].time_s for j in idx], float), np.array([opts[j].dynamic_energy_j for j in idx], float)
+        front = np.asarray(pareto_indices(t_all, e_all), dtype=int)
+        idx, t, e = keep[front], t_all[front], e_all[front]
         h = lower_hull(t, e)
         ht, he = t[h], e[h]
         slope = np.diff(he) / np.diff(ht) if len(h) > 1 else np.zeros(0)

@@ -229,7 +229,8 @@ def validate(cfg: Any) -> dict[str, Any]:
     if not layout and model is not None and gpu is not None:
         from kareus.workload.memory import memory_problem
 
-        problems += [line for line in (memory_problem(model, cfg.parallel, gpu.name, gpu.memory_gb),) if line]
+        fit = memory_problem(model, cfg.parallel, gpu.name, gpu.memory_gb)
+        problems += [fit] if fit else []
     if "hardware" in typed and "profiler" in typed:
         problems += validate_clock_control(typed["hardware"], typed["profiler"])
         if gpu is not None:

@@ -71,8 +71,8 @@ def _within(plans: Sequence[ExecutionPlan], limited: str, minimised: str, limit:
     if not ok:
         nearest = getattr(min(plans, key=lambda p: getattr(p, limited)), limited)
         gap = nearest - limit
-        pct = 100 * gap / limit  # a limit copied from a rounded table can miss by far less than 0.01%
-        raise PlanSelectionError(f"{refusal} {nearest:.6g} {unit} per iteration, {gap:.4g} {unit} "
-                                 f"({pct:.2f}%) over" if pct >= 0.01 else
-                                 f"{refusal} {nearest:.9g} {unit} per iteration, {gap:.4g} {unit} ({pct:.2g}%) over")
+        pct = 100 * gap / limit
+        # a limit copied from a rounded table can miss by far less than 0.01%: then more digits
+        value, share = (f"{nearest:.6g}", f"{pct:.2f}") if pct >= 0.01 else (f"{nearest:.9g}", f"{pct:.2g}")
+        raise PlanSelectionError(f"{refusal} {value} {unit} per iteration, {gap:.4g} {unit} ({share}%) over")
     return min(ok, key=lambda p: (getattr(p, minimised), getattr(p, limited)))

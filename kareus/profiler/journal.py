@@ -52,6 +52,14 @@ def _revision(conn: sqlite3.Connection) -> str:
     return "0" if row is None else str(row[0])
 
 
+def _refuse_other(path: Path, revision: str, found: str | None, config_hash: str) -> None:
+    """Raise if the journal was measured under another revision, or (``found``) another config hash."""
+    if revision != str(MEASUREMENT_REVISION):
+        raise _revision_mismatch(path, revision)
+    if found is not None and found != config_hash:
+        raise _mismatch(path, found, config_hash)
+
+
 def _mismatch(path: Path, found: str, config_hash: str) -> JournalMismatchError:
     return JournalMismatchError(
         f"journal {path} was written with config hash {found}, this run has {config_hash}: "
@@ -128,12 +136,11 @@ class Journal:
                 conn.execute("ROLLBACK")
             conn.close()
             raise
-        if revision != str(MEASUREMENT_REVISION):
+        try:
+            _refuse_other(p, revision, None if row is None else row[0], config_hash)
+        except JournalMismatchError:
             conn.close()
-            raise _revision_mismatch(p, revision)
-        if row is not None and row[0] != config_hash:
-            conn.close()
-            raise _mismatch(p, row[0], config_hash)
+            raise
         return cls(conn, p, config_hash)
 
     # -- writing ---------------------------------------------------------------------------------
@@ -280,10 +287,7 @@ def check_journal(path: str | os.PathLike[str], config_hash: str) -> None:
         raise JournalError(f"{p} is not a readable Kareus journal (damaged: {damage})")
     if row is None:
         raise JournalError(f"{p} is not a Kareus journal (it records no config hash)")
-    if revision != str(MEASUREMENT_REVISION):
-        raise _revision_mismatch(p, revision)
-    if row[0] != config_hash:
-        raise _mismatch(p, row[0], config_hash)
+    _refuse_other(p, revision, row[0], config_hash)
 
 
 def copy_journal(source: str | os.PathLike[str], dest: str | os.PathLike[str]) -> None:

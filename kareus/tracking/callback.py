@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -85,8 +86,6 @@ class MlflowSweepCallback(Callback):
         for child in children:  # a job whose process died never closed its run
             retry(self._client.set_terminated, child.info.run_id, "FAILED")
         failed = self._started - self._completed
-        import time
-
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)  # MLflow's timestamps are milliseconds; 0 would chart as 1970
