@@ -37,8 +37,9 @@ def _layer_table(workload: "Workload", direction: Direction):
 
 
 def describe(console: "Console", workload: "Workload", partitioning: Partitioning,
-             space_sizes: dict[str, int] | None = None) -> None:
-    """Print stages, one layer's ops, the partition types with slots and counts, and the search space."""
+             space_sizes: dict[str, int] | None = None, slots: dict[str, list[str]] | None = None) -> None:
+    """Print stages, one layer's ops, the partition types with slots and counts, and the search space.
+    ``slots``: the launch slots each partition's search keeps (``search.space.slots``); default all."""
     from rich.table import Table
 
     m, p = workload.model, workload.parallel
@@ -73,8 +74,9 @@ def describe(console: "Console", workload: "Workload", partitioning: Partitionin
     for t in partitioning.types:
         counts = [str(partitioning.instruction(s, d).counts.get(t.key, "")) for s, d in instrs]
         size = (space_sizes or {}).get(t.key)
-        types.add_row(t.key, " > ".join(o.name for o in t.compute), _comm(t.comm), ", ".join(t.slot_labels),
-                      *counts, f"{size:,}" if size is not None else f"{len(t.slot_labels)} slots")
+        labels = (slots or {}).get(t.key, list(t.slot_labels))
+        types.add_row(t.key, " > ".join(o.name for o in t.compute), _comm(t.comm), ", ".join(labels),
+                      *counts, f"{size:,}" if size is not None else f"{len(labels)} slots")
     console.print(types)
 
     resid = Table(title="Residual work per instruction (sequential, both nanobatches)")

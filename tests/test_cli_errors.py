@@ -150,6 +150,15 @@ def test_describe_prints_the_partition_table(tmp_path):
     assert left_behind(tmp_path) == []  # it measures nothing, so it leaves no empty run folder either
 
 
+def test_describe_lists_the_slots_the_search_keeps(tmp_path):
+    """``search.space.slots`` narrows each partition's slots; describe shows those, beside their space sizes."""
+    res = kareus(tmp_path, "+model=tiny", "parallel=pp1_tp2", "mode=describe", "search.space.slots=[sequential,first]")
+    assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+    rows = [line for line in res.stdout.splitlines() if line.startswith("│ fwd_attn ")]
+    assert rows and "sequential, norm_0 " in rows[0] and "linear_0" not in res.stdout
+    assert "│          160 │" in rows[0]  # 2 slots x the default SM counts and clocks
+
+
 def test_help_names_kareus_not_the_module():
     res = kareus(Path.cwd(), "--help")
     assert res.returncode == 0, res.stderr

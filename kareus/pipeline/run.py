@@ -32,11 +32,14 @@ def run_mode(cfg: DictConfig, typed: dict[str, Any], run_dir: Path) -> dict[str,
 def _describe(ctx: RunContext, console: Console) -> dict[str, Any]:
     from kareus.describe import describe
     from kareus.pipeline.searching import opened_backend, partition_types, space_sizes
+    from kareus.search.space import kept_slots
 
     with opened_backend(ctx) as backend:
         sizes = space_sizes(ctx, backend, partition_types(ctx, backend))
     if ctx.workload is not None and ctx.partitioning is not None:
-        describe(console, ctx.workload, ctx.partitioning, sizes)
+        space = ctx.typed["search"].space
+        describe(console, ctx.workload, ctx.partitioning, sizes,
+                 {t.key: kept_slots(t, space) for t in ctx.partitioning.types})
     else:
         for key, n in sizes.items():
             console.print(f"{key}: {n} candidates")

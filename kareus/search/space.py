@@ -149,17 +149,23 @@ def slot_problems(partitions: Sequence[PartitionType], space: SpaceConfig) -> li
     return [f"search.space.slots: no partition has {', '.join(unknown)}; allowed: first, {', '.join(labels)}"]
 
 
+def kept_slots(partition: PartitionType, space: SpaceConfig) -> list[str]:
+    """The partition's slot labels that ``search.space.slots`` keeps (all of them when unset)."""
+    labels = list(partition.slot_labels)
+    if space.slots is None:
+        return labels
+    wanted = {resolve_slot_alias(partition, s) for s in space.slots}  # each partition keeps the named slots it has
+    if not wanted & set(labels):
+        raise ValueError(f"search.space.slots: partition {partition.key!r} has none of "
+                         f"{', '.join(sorted(wanted))}; its slots: {', '.join(labels)}")
+    return [s for s in labels if s in wanted]
+
+
 def build_space(partition: PartitionType, gpu: GPUSpec, space: SpaceConfig,
                 fixed: list[Candidate] | None = None) -> list[Candidate]:
     """All candidates of one partition, sorted. With ``fixed`` (a backend's exact space, e.g. replay)
     only the explicitly set fields of ``space`` filter it; defaults do not thin a recorded table."""
-    labels = list(partition.slot_labels)
-    if space.slots is not None:  # each partition keeps those of the named slots it has
-        wanted = {resolve_slot_alias(partition, s) for s in space.slots}
-        if not wanted & set(labels):
-            raise ValueError(f"search.space.slots: partition {partition.key!r} has none of "
-                             f"{', '.join(sorted(wanted))}; its slots: {', '.join(labels)}")
-        labels = [s for s in labels if s in wanted]
+    labels = kept_slots(partition, space)
     if fixed is not None:
         return sorted(set(c for c in fixed if c.slot in set(labels) and _explicitly_kept(c, space, fixed)))
     sms, fs = sm_counts(space, gpu), clocks(space, gpu)
