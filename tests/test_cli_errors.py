@@ -84,6 +84,10 @@ def test_composition_typo_fails_on_one_line_listing_the_known_keys(tmp_path):
     ("search.passes=[total,bogus]", "error: search.passes[1]: invalid value 'bogus'; allowed: total, dynamic, static, "
                                     "uncertainty, fastest, spread, local, coverage"),
     ("search.greedy=maybe", "error: search.greedy: 'maybe' is not a bool; allowed: true, false"),
+    # OmegaConf reads any number as a bool (2 -> true): a number typed for a switch is refused
+    ("search.greedy=2", "error: search.greedy: '2' is not a bool; allowed: true, false"),
+    ("search.greedy=0", "error: search.greedy: '0' is not a bool; allowed: true, false"),
+    ("parallel.sequence_parallel=0.5", "error: parallel.sequence_parallel: '0.5' is not a bool; allowed: true, false"),
     ("search.kappa=abc", "error: search.kappa: 'abc' is not a float"),
     ("search.batch_size=1.5", "error: search.batch_size: '1.5' is not an integer"),
     ("mode=bad", "error: mode: invalid value 'bad'; allowed: run, describe, search"),
@@ -95,6 +99,11 @@ def test_composition_typo_fails_on_one_line_listing_the_known_keys(tmp_path):
 ])
 def test_bad_override_is_one_line_naming_the_key_and_the_allowed_values(override, line):
     assert override_problems([*MISSION, override]) == [line.removeprefix("error: ")]
+
+
+def test_a_number_given_to_a_switch_is_refused_in_the_sweep_job_that_has_it():
+    assert override_problems(["-m", *MISSION, "search.greedy=true,3"]) == [
+        "job 1 (search.greedy=3): search.greedy: '3' is not a bool; allowed: true, false"]
 
 
 def test_override_grammar_error_names_the_override():

@@ -176,11 +176,33 @@ def _compose(overrides: list[str], hydra: bool = True) -> tuple[Any, list[str]]:
     from omegaconf.errors import OmegaConfBaseException
 
     try:
-        return compose(CONFIG_NAME, overrides=overrides, return_hydra_config=hydra), []
+        cfg = compose(CONFIG_NAME, overrides=overrides, return_hydra_config=hydra)
     except (HydraException, OmegaConfBaseException) as err:
         return None, [_message(err)]
     except ValueError as err:  # e.g. ``search=null``: Hydra refuses a group choice of null this way
         return None, [_null_choice(overrides) or _first_line(str(err))]
+    problems = _numbers_as_bools(cfg, overrides)
+    return (None, problems) if problems else (cfg, [])
+
+
+def _numbers_as_bools(cfg: Any, overrides: list[str]) -> list[str]:
+    """``search.greedy=2``: OmegaConf turns any number into a bool (2 -> true, 0.5 -> true), so a
+    number typed where a switch belongs (a count meant for another key) would silently flip it."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import BooleanNode, OmegaConf
+
+    out = []
+    for o in OverridesParser.create().parse_overrides(overrides):
+        value = o.value()
+        if o.is_sweep_override() or o.is_delete() or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        key = o.key_or_group.lstrip("+")
+        parent, _, leaf = key.rpartition(".")
+        node = OmegaConf.select(cfg, parent) if parent else cfg
+        child = node._get_node(leaf) if OmegaConf.is_dict(node) and leaf in node else None
+        if isinstance(child, BooleanNode):
+            out.append(f"{key}: '{o.input_line.split('=', 1)[1]}' is not a bool; allowed: true, false")
+    return out
 
 
 def _null_choice(overrides: list[str]) -> str | None:
