@@ -91,6 +91,10 @@ def test_partition_listener_logs_candidates_batches_frontier_and_plots(store, cl
     assert child.data.tags["simulated"] == "true"  # each partition run says so too, not only its parent
     assert client.get_run(child.data.tags["mlflow.parentRunId"]).data.tags["simulated"] == "true"
     assert child.data.params["budget"] == "12" and child.data.params["slot_labels"] == "sequential,norm_0,attn_0"
+    gpu = {k for k in child.data.metrics if "gpu" in k}
+    assert gpu == {"gpu_hours_simulated"}  # named as the invocation's: no unsuffixed seconds beside it
+    spent = client.get_metric_history(listener.run_id, "gpu_hours_simulated")  # per candidate, then the total
+    assert [m.step for m in sorted(spent, key=lambda m: m.step)] == [*range(12), 12]
 
     times = client.get_metric_history(listener.run_id, "time_s")
     assert sorted(m.step for m in times) == [i for i in range(12) if i != 5]  # failed one has no time

@@ -28,7 +28,8 @@ APP = textwrap.dedent("""
         if "boom" in cfg.passes:
             raise RuntimeError("this job fails")
         with Tracker(cfg.tracking) as tracker:
-            tracker.start(OmegaConf.to_container(cfg, resolve=True), **hydra_context(), hardware="sim")
+            tracker.start(OmegaConf.to_container(cfg, resolve=True), **hydra_context(), hardware="sim",
+                          simulated="real" not in cfg.passes)
             listener = tracker.partition_listener_factory("fwd_attn")()
             from tracking_fakes import search_events
             for event in search_events("fwd_attn", n=4, batch=4, failed_at=None):
@@ -80,6 +81,7 @@ def test_multirun_nests_one_child_run_per_job_under_a_sweep_run(tmp_path):
     sweep = by_kind["sweep"][0]
     assert sweep.info.status == "FINISHED" and sweep.data.metrics["jobs"] == 2
     assert "passes=[total,dynamic],[total,dynamic,static]" in sweep.data.tags["overrides"]
+    assert sweep.data.tags["simulated"] == "true"  # as every job's run: a chart of the sweep is simulated
     jobs = by_kind["invocation"]
     assert {r.data.tags["mlflow.parentRunId"] for r in jobs} == {sweep.info.run_id}
     assert sorted(r.data.tags["override.passes"] for r in jobs) == ["[total,dynamic,static]", "[total,dynamic]"]
@@ -112,3 +114,17 @@ def test_a_failing_job_leaves_the_sweep_run_failed_not_running(tmp_path):
     assert all(r.info.status != "RUNNING" for r in runs)
     # the failing job raised before it opened an MLflow run: Hydra's jobs are counted, not child runs
     assert sweeps[0].data.metrics["jobs"] == 2 and sweeps[0].data.metrics["jobs_failed"] == 1
+
+
+def test_a_sweep_is_tagged_simulated_as_its_jobs_agree():
+    from types import SimpleNamespace
+
+    from kareus.tracking.callback import sweep_simulated
+
+    def job(**tags):
+        return SimpleNamespace(data=SimpleNamespace(tags=tags))
+
+    assert sweep_simulated([job(simulated="true"), job(simulated="true")]) == "true"
+    assert sweep_simulated([job(simulated="false"), job()]) == "false"  # a job refused before it knew
+    assert sweep_simulated([job(simulated="true"), job(simulated="false")]) == "mixed"  # hardware=sim,replay
+    assert sweep_simulated([job()]) is None

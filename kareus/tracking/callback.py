@@ -81,10 +81,13 @@ class MlflowSweepCallback(Callback):
         if self.run_id is None:
             return
         children = retry(self._client.search_runs, [self._experiment_id],
-                         filter_string=f"tags.`{PARENT_TAG}` = '{self.run_id}' and attributes.status = 'RUNNING'",
-                         max_results=10000)
+                         filter_string=f"tags.`{PARENT_TAG}` = '{self.run_id}'", max_results=10000)
         for child in children:  # a job whose process died never closed its run
-            retry(self._client.set_terminated, child.info.run_id, "FAILED")
+            if child.info.status == "RUNNING":
+                retry(self._client.set_terminated, child.info.run_id, "FAILED")
+        simulated = sweep_simulated(children)
+        if simulated is not None:
+            retry(self._client.set_tag, self.run_id, "simulated", simulated)
         failed = self._started - self._completed
         from mlflow.entities import Metric
 
@@ -97,3 +100,12 @@ class MlflowSweepCallback(Callback):
         else:
             os.environ[ENV_PARENT_RUN] = self._previous_env
         self.run_id = None
+
+
+def sweep_simulated(children: list[Any]) -> str | None:
+    """The sweep's ``simulated`` tag from its jobs' runs: ``true`` or ``false`` when they agree,
+    ``mixed`` when a sweep over ``hardware=`` ran on both, None when no job got that far."""
+    seen = {child.data.tags["simulated"] for child in children if "simulated" in child.data.tags}
+    if not seen:
+        return None
+    return seen.pop() if len(seen) == 1 else "mixed"

@@ -142,6 +142,7 @@ class PartitionRunListener:
         if not self.spec.candidates:
             return
         metrics = {k: row[k] for k in records.CANDIDATE_METRICS}
+        metrics[records.gpu_hours_name(self.spec.simulated)] = row["gpu_seconds"] / 3600.0  # the GPU time so far
         metrics.update({f"knob.{k}": row[k] for k in records.KNOB_METRICS})
         metrics["knob.slot_index"] = self._slot_index(row["slot"])
         metrics["failed"] = float(row["failed"])
@@ -165,7 +166,7 @@ class PartitionRunListener:
         self.hv = self._curve_at_final_reference()
         for profiled, hv in self.hv:
             self._log({"hypervolume_at_final_reference": hv}, step=profiled, buffered=True)
-        self._log({"profiled": ev.profiled, "failed_candidates": ev.failed, "gpu_seconds_total": ev.gpu_seconds,
+        self._log({"profiled": ev.profiled, "failed_candidates": ev.failed,
                    records.gpu_hours_name(self.spec.simulated): ev.gpu_seconds / 3600.0,
                    "hypervolume_final": ev.hypervolume,
                    "frontier_points": len(ev.frontier)}, step=ev.profiled)
