@@ -403,6 +403,10 @@ def test_a_run_is_named_after_every_override_but_the_named_groups():
                "profiler/cooldown": "none"}
     name = default_run_name(choices, ["+model=tiny", "hardware=h100_sim", "profiler/cooldown=none", "seed=1"])
     assert name == "tiny pp1_tp2 mbo hardware=h100_sim profiler/cooldown=none seed=1"
+    # how a run is shown, launched or recorded cannot change its numbers: the experiment keeps its name
+    quiet = default_run_name(choices, ["+model=tiny", "seed=1", "progress=false", "launcher=process",
+                                       "launcher.workers=2", "tracking.plots=false"])
+    assert quiet == "tiny pp1_tp2 mbo seed=1"
 
 
 def test_gpu_hours_say_simulated_only_on_the_simulated_gpu():

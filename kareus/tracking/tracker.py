@@ -48,14 +48,18 @@ def git_state(path: str | os.PathLike | None = None) -> dict[str, str]:
 
 
 NAMED_GROUPS = ("model", "parallel", "search", "experiment")  # shown by their option alone
+UNNAMED_KEYS = ("progress", "launcher", "tracking")  # how a run is shown, run or recorded, not what it measures
 
 
 def default_run_name(choices: Mapping[str, Any], overrides: Sequence[str] = ()) -> str:
     """``qwen1.7b pp2_tp8 mbo`` plus every other override (``hardware=h100_sim``, ``seed=1``), so
-    sweep jobs get distinct names."""
+    sweep jobs get distinct names; overrides that cannot change a result (``progress=false``,
+    ``launcher=process``, ``tracking.plots=false``) stay out, so the same experiment keeps one name
+    (they remain in the run's ``override.*`` tags)."""
     parts = [str(choices[g]) for g in NAMED_GROUPS if choices.get(g)]
     for item in map(records.normal_override, overrides):
-        if item.partition("=")[0].lstrip("+~") not in NAMED_GROUPS:
+        key = item.partition("=")[0].lstrip("+~")
+        if key not in NAMED_GROUPS and key.split(".")[0].split("/")[0] not in UNNAMED_KEYS:
             parts.append(item.lstrip("+~"))
     return records.truncate(" ".join(parts) or "kareus", 250)
 
