@@ -127,6 +127,31 @@ def test_protocol_locks_clock_sizes_window_and_journals(tmp_path):
     assert be.now() > 5.0 + 5.0  # window plus the fixed 5 s cooldown
 
 
+def test_a_signal_while_journaling_lands_after_the_measurement_is_reported(tmp_path):
+    """SIGTERM between the journal write and the event would leave MLflow one candidate short."""
+    import os
+    import signal
+
+    prof, _be, journal, events = make(tmp_path)
+    append = journal.append
+
+    def append_then_signal(*args, **kwargs):
+        append(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)  # the signal lands between the write and the report
+
+    def stop(signum, frame):
+        raise SystemExit(143)
+
+    journal.append = append_then_signal
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        with pytest.raises(SystemExit):
+            prof.evaluator(PART)([cand(), cand(sms=8)], None)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert journal.count() == 1 and [ev.measurement.candidate for ev in events] == [cand()]
+
+
 def test_journal_answers_without_remeasuring(tmp_path):
     prof, be, journal, _ = make(tmp_path)
     first = prof.evaluator(PART)([cand(), cand(sms=8)], None)

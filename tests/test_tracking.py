@@ -483,4 +483,4 @@ def test_overrides_read_alike_in_single_runs_and_sweep_jobs():
 
     assert normal_override("progress=False") == "progress=false" and normal_override("name=False x") == "name=False x"
     assert override_tags(["progress=False"])["override.progress"] == "false"
-    assert default_run_name({"model": "tiny"}, ["progress=True"]) == "tiny progress=true"
+    assert default_run_name({"model": "tiny"}, ["search.greedy=True"]) == "tiny search.greedy=true"

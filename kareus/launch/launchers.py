@@ -125,7 +125,7 @@ def _stop_manager(manager: Any) -> None:
     """Shut the process relaying the workers' events down with Ctrl-C and SIGTERM held, and kill it if
     it outlives that: a second Ctrl-C (``timeout -s INT`` signals the group twice) inside the shutdown
     handshake left it running, and the exit then waited on it for good."""
-    from kareus.tracking.store import signals_deferred
+    from kareus.interrupts import signals_deferred
 
     with signals_deferred():
         try:

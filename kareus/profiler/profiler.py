@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 from kareus.errors import KareusError
 from kareus.events import CandidateMeasured
 from kareus.hardware.base import HardwareBackend
+from kareus.interrupts import signals_deferred
 from kareus.profiler.config import ProfilerConfig, section
 from kareus.profiler.cooldown import group_all, group_max, group_mean
 from kareus.profiler.journal import Journal
@@ -105,16 +106,20 @@ class Profiler:
             start = self.backend.now()
             m = self._profile(partition, cand)
             cost = self.backend.now() - start
-            self._record(m, cost)
-            self.measured += 1
-        self._spent[cand.partition] = self._spent.get(cand.partition, 0.0) + cost
-        self._costs.setdefault(cand.key, cost)
-        index = self._index.get(cand.partition, 0)
-        self._index[cand.partition] = index + 1
-        ann = annotation or {}
-        self.emit(CandidateMeasured(
-            partition=cand.partition, index=index, measurement=m, predicted=ann.get("predicted"),
-            pass_name=ann.get("pass"), gpu_seconds=self._spent[cand.partition], cached=cached))
+        # a Ctrl-C or SIGTERM waits until the measurement is journaled *and* reported, or the run's
+        # MLflow record would stop one candidate short of the journal
+        with signals_deferred():
+            if hit is None:
+                self._record(m, cost)
+                self.measured += 1
+            self._spent[cand.partition] = self._spent.get(cand.partition, 0.0) + cost
+            self._costs.setdefault(cand.key, cost)
+            index = self._index.get(cand.partition, 0)
+            self._index[cand.partition] = index + 1
+            ann = annotation or {}
+            self.emit(CandidateMeasured(
+                partition=cand.partition, index=index, measurement=m, predicted=ann.get("predicted"),
+                pass_name=ann.get("pass"), gpu_seconds=self._spent[cand.partition], cached=cached))
         return m
 
     def profile_ops(self, ops: Sequence[Op], freq_mhz: int) -> Measurement:
