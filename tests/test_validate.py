@@ -96,6 +96,19 @@ def test_a_layout_whose_weights_and_gradients_overflow_the_gpu_is_refused():
     assert problems(base=("+model=llama3.3-70b", "parallel=pp10_tp8", "hardware=h100_sim")) == []  # the held-out layout
 
 
+def test_a_layout_whose_layer_inputs_overflow_the_gpu_is_refused():
+    """Full recompute still keeps each layer's input for every microbatch in flight: 8 layers x 10
+    microbatches x 4096 x 8 x 8192 bf16 values on llama3.3-70b's first stage of ten, 43 GB."""
+    assert problems(base=("+model=llama3.3-70b", "parallel=pp10_tp8")) == [
+        "parallel: llama3.3-70b on tp=8 pp=10 keeps at least 43 GB of layer inputs for 10 microbatches in flight "
+        "on stage 0, 47 GB with its weights and gradients, more than A100-SXM4-40GB's 40 GB; lower "
+        "parallel.micro_batch_size or parallel.seq_len, or raise parallel.cp, or shard them over tp with "
+        "parallel.sequence_parallel=true"]
+    fits = ("parallel.sequence_parallel=true", "parallel.micro_batch_size=4", "parallel.seq_len=2048", "hardware=h100_sim")
+    for change in fits:
+        assert problems(change, base=("+model=llama3.3-70b", "parallel=pp10_tp8")) == [], change
+
+
 def test_micro_batch_must_split_into_nanobatches():
     assert problems("parallel.micro_batch_size=7") == [
         "parallel.micro_batch_size: 7 does not split into parallel.nanobatches=2 equal nanobatches"]

@@ -1,16 +1,20 @@
-"""Parameters each GPU holds, per pipeline stage: the least memory a layout needs.
+"""Parameters and activations each GPU holds, per pipeline stage: the least memory a layout needs.
 
 A layout whose weights and gradients alone overflow a GPU cannot train, however the rest is set up;
 planning it would produce plans nobody can run. Counts follow megatron-core's GPT layers: fused QKV
 (GQA), the attention output projection and the MLP (SwiGLU: three matrices, GELU: two) are split
 over tp; the norms are replicated; the embedding sits on the first stage and the output layer on the
 last (one matrix when the two are tied on a single stage), the vocabulary padded as Megatron pads it.
+
+Activations add the least any recompute setting keeps: each layer's input for every microbatch in
+flight (1F1B holds ``pp - stage`` of them on a stage at its peak). Full recompute keeps just that;
+anything less keeps more.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from kareus.workload.shapes import padded_vocab_size
+from kareus.workload.shapes import BYTES, padded_vocab_size
 
 # bf16 weights and bf16 gradients: below any Megatron setup (fp32 main gradients and the Adam states,
 # sharded or offloaded, only add to it), so a layout above it is refused without a doubt
@@ -45,12 +49,33 @@ def stage_parameters(model: Any, parallel: Any) -> list[float]:
     return out
 
 
+def stage_activation_bytes(model: Any, parallel: Any) -> list[float]:
+    """Bytes of checkpointed layer inputs on one GPU of each stage at its 1F1B peak: every layer's bf16
+    input ([seq / cp (/ tp under sequence parallelism), micro-batch, hidden]) per microbatch in flight."""
+    split = list(parallel.layer_split) if parallel.layer_split else [model.num_layers // parallel.pp] * parallel.pp
+    sp = parallel.tp if parallel.sequence_parallel and parallel.tp > 1 else 1
+    per_layer = parallel.seq_len / parallel.cp / sp * parallel.micro_batch_size * model.hidden_size * BYTES
+    return [layers * min(parallel.pp - i, parallel.num_microbatches) * per_layer for i, layers in enumerate(split)]
+
+
 def memory_problem(model: Any, parallel: Any, gpu_name: str, memory_gb: float) -> str | None:
     """Why the layout cannot fit the GPU's memory (None if it may)."""
-    most = max(stage_parameters(model, parallel))
+    params = stage_parameters(model, parallel)
+    most = max(params)
     need_gb = most * BYTES_PER_PARAMETER_AT_LEAST / 1e9
-    if need_gb <= memory_gb:
+    where = f"{model.name} on tp={parallel.tp} pp={parallel.pp}"
+    if need_gb > memory_gb:
+        return (f"parallel: {where} puts {most / 1e9:.1f} B parameters on a GPU, at least {need_gb:.0f} GB for bf16 "
+                f"weights and gradients alone, more than {gpu_name}'s {memory_gb:g} GB; raise parallel.tp or parallel.pp")
+    acts = stage_activation_bytes(model, parallel)
+    totals = [n * BYTES_PER_PARAMETER_AT_LEAST / 1e9 + a / 1e9 for n, a in zip(params, acts)]
+    stage = max(range(len(totals)), key=totals.__getitem__)
+    if totals[stage] <= memory_gb:
         return None
-    return (f"parallel: {model.name} on tp={parallel.tp} pp={parallel.pp} puts {most / 1e9:.1f} B parameters on a "
-            f"GPU, at least {need_gb:.0f} GB for bf16 weights and gradients alone, more than {gpu_name}'s "
-            f"{memory_gb:g} GB; raise parallel.tp or parallel.pp")
+    # more stages do not help: the first stage's layers shrink as its microbatches in flight grow
+    sp_hint = ", or shard them over tp with parallel.sequence_parallel=true" if (
+        parallel.tp > 1 and not parallel.sequence_parallel) else ""
+    return (f"parallel: {where} keeps at least {acts[stage] / 1e9:.0f} GB of layer inputs for "
+            f"{min(parallel.pp - stage, parallel.num_microbatches)} microbatches in flight on stage {stage}, "
+            f"{totals[stage]:.0f} GB with its weights and gradients, more than {gpu_name}'s {memory_gb:g} GB; "
+            f"lower parallel.micro_batch_size or parallel.seq_len, or raise parallel.cp{sp_hint}")
