@@ -126,7 +126,10 @@ def test_stages_and_links():
     s0, s1 = w.stages
     assert [o.name for o in s0.pre_fwd] == ["embedding", "embedding_allreduce"]
     assert s0.post_fwd[0].name == "pp_send" and s0.post_fwd[0].link is Link.NETWORK  # tp*cp == 8
-    assert s1.pre_fwd[0].collective is Collective.SEND_RECV and s1.pre_fwd[0].message_bytes == 16384 * 2048 * 2
+    assert s0.post_fwd[0].collective is Collective.SEND_RECV and s0.post_fwd[0].message_bytes == 16384 * 2048 * 2
+    # a transfer is one exchange, charged to its sender: the receiver starts when the send ends, and a
+    # recv of its own would put the same transfer on the critical path twice
+    assert s1.pre_fwd == () and all(o.collective is not Collective.SEND_RECV for o in s0.pre_bwd)
     assert [o.name for o in s1.post_fwd][:3] == ["final_norm", "output", "cross_entropy"]
     assert [o.name for o in s1.pre_bwd][:3] == ["cross_entropy_bwd", "output_dgrad", "output_wgrad"]
     assert s0.post_bwd[-1].name == "embedding_bwd" and s1.post_bwd[-1].name == "pp_send_grad"

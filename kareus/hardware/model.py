@@ -103,6 +103,12 @@ def link_gbps(cfg, op: Op) -> float:
     return cfg.nvlink_gbps / 2.0
 
 
+def link_efficiency(cfg, op: Op) -> float:
+    """Fraction of that bandwidth the collective reaches: fitted for NVLink (the recorded table's
+    all-reduces), assumed for the network, where NCCL's transfers run close to line rate."""
+    return cfg.network_link_eff if op.link is Link.NETWORK else cfg.comm_link_eff
+
+
 def comm_time(cfg, op: Op, sms: int, mhz: float) -> float:
     """Time of a collective alone: per-SM throughput saturating at the link.
 
@@ -113,7 +119,7 @@ def comm_time(cfg, op: Op, sms: int, mhz: float) -> float:
     if traffic <= 0:
         return 0.0
     per_sm = cfg.comm_sm_gbps * 1e9 * (mhz / cfg.max_mhz) ** cfg.comm_clock_exp * max(sms, 1)
-    link = link_gbps(cfg, op) * 1e9 * cfg.comm_link_eff
+    link = link_gbps(cfg, op) * 1e9 * link_efficiency(cfg, op)
     p = cfg.comm_sharpness
     bw = (per_sm ** -p + link ** -p) ** (-1.0 / p)
     return steps * cfg.comm_latency_s + traffic / bw

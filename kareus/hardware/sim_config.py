@@ -40,7 +40,8 @@ class SimConfig(GPUConfig):
     comm_sm_gbps: float = 6.516  # link throughput one comm SM drives at the top clock
     comm_clock_exp: float = 0.8  # per-SM comm throughput ~ clock^exp (issue-bound part vs fixed latency)
     comm_latency_s: float = 5.0e-6  # per ring step
-    comm_link_eff: float = 0.1869  # fraction of the link bandwidth a collective reaches
+    comm_link_eff: float = 0.1869  # fraction of the NVLink bandwidth a collective reaches
+    network_link_eff: float = 0.9  # fraction of the network (InfiniBand) bandwidth a collective reaches
     comm_sharpness: float = 2.0  # how sharply bandwidth saturates (soft minimum exponent)
     comm_hbm_per_byte: float = 2.0  # HBM bytes per link byte (read local, write result)
     # overlap contention
@@ -72,7 +73,7 @@ class SimConfig(GPUConfig):
     def problems(self, ctx: object = None) -> list[str]:
         """Config-time checks (run by validate()): physical ranges of the simulator's parameters."""
         out = []
-        for k in ("eff_gemm", "eff_attention", "eff_memory", "comm_link_eff", "memory_sat_frac"):
+        for k in ("eff_gemm", "eff_attention", "eff_memory", "comm_link_eff", "network_link_eff", "memory_sat_frac"):
             if not 0 < getattr(self, k) <= 1:
                 out.append(f"hardware.{k}: must be in (0, 1], got {getattr(self, k)}")
         for k in ("contention_sm", "contention_hbm", "fail_rate"):

@@ -8,6 +8,13 @@ Placement rule for links: ranks follow Megatron's default order (tp fastest, the
 holds ``gpus_per_node`` GPUs. A tp or cp group stays on NVLink while it fits in one node; a pipeline
 boundary uses the network when the two stages' ranks sit on different nodes (with dp = 1 and
 tp * cp = 8: every boundary).
+
+A pipeline transfer is one point-to-point exchange: the receiver's recv runs while the sender's send
+does, and completes with it. It is charged once, to the sending stage (its ``post`` ops); the receiving
+instruction starts when that send ends (the schedule's cross-stage edge). Charging the receiver a recv
+of its own as well put every transfer on the critical path twice. In 1F1B's steady state Megatron
+batches a stage's send with its next receive (``send_forward_recv_backward``), so a stage's own
+timeline also holds one exchange per transfer.
 """
 from __future__ import annotations
 
@@ -29,10 +36,10 @@ class StageWorkload:
     layers: int
     first_layer: int
     gpus: int  # GPUs of this stage in one model replica (tp * cp)
-    pre_fwd: tuple[Op, ...]  # embedding (first stage) or pipeline receive
+    pre_fwd: tuple[Op, ...]  # embedding (first stage); a receive is the sender's transfer
     layer_fwd: tuple[Op, ...]
     post_fwd: tuple[Op, ...]  # final norm, output layer, loss (last stage) or pipeline send
-    pre_bwd: tuple[Op, ...]  # loss/output/final-norm backward (last stage) or gradient receive
+    pre_bwd: tuple[Op, ...]  # loss/output/final-norm backward (last stage); a receive is the sender's
     layer_bwd: tuple[Op, ...]
     post_bwd: tuple[Op, ...]  # embedding backward (first stage) or gradient send
 
@@ -156,9 +163,9 @@ def build_workload(model: ModelSpec, parallel: ParallelSpec, gpus_per_node: int 
     first_layer = 0
     last = parallel.pp - 1
     for i, n in enumerate(split):
-        pre_f = emb_f if i == 0 else (comm("pp_recv", Collective.SEND_RECV, act, 2, pp_link(parallel, i - 1, gpus_per_node)),)
+        pre_f = emb_f if i == 0 else ()  # the activation arrives with the previous stage's pp_send
         post_f = out_f if i == last else (comm("pp_send", Collective.SEND_RECV, act, 2, pp_link(parallel, i, gpus_per_node)),)
-        pre_b = out_b if i == last else (comm("pp_recv_grad", Collective.SEND_RECV, act, 2, pp_link(parallel, i, gpus_per_node)),)
+        pre_b = out_b if i == last else ()  # the gradient arrives with the next stage's pp_send_grad
         post_b = emb_b if i == 0 else (comm("pp_send_grad", Collective.SEND_RECV, act, 2, pp_link(parallel, i - 1, gpus_per_node)),)
         stages.append(StageWorkload(i, n, first_layer, parallel.tp * parallel.cp, pre_f, lf, post_f, pre_b, lb, post_b))
         first_layer += n
