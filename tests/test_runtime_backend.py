@@ -608,3 +608,34 @@ def test_zeus_that_cannot_open_the_gpu_leaves_readings_failed_with_its_reason(mo
     meter.begin()
     with pytest.raises(EnergyUnavailable, match=r"Zeus could not open cuda:0 \(ValueError: invalid literal"):
         meter.end()
+
+
+def test_the_idle_temperature_is_read_once_per_gpu_per_process(monkeypatch):
+    """Every partition search opens a backend of its own; one opened after a search would read that
+    search's heat as idle."""
+    import kareus.runtime.backend as backend_mod
+
+    monkeypatch.setattr(backend_mod, "_IDLE_C", {})
+    gpu = _FakeNVML(1410)
+    assert backend_mod._idle_reading("node:GPU-a", gpu) == 50.0
+    gpu.temperature_c = lambda: 78.0  # hot from the first search
+    assert backend_mod._idle_reading("node:GPU-a", gpu) == 50.0
+    assert backend_mod._idle_reading("node:GPU-b", gpu) == 78.0  # another GPU reads its own
+
+
+@pytest.mark.parametrize("energy,nvml,why", [
+    ("none", _FakeNVML(1410), "hardware.energy: energy metering is off (hardware.energy=none); no candidate can be "
+                              "measured on cuda:x without energy; allowed: nvml, zeus"),
+    ("nvml", None, "hardware.energy: no NVML device: energy needs an NVIDIA GPU and nvidia-ml-py (NVMLError: "
+                   "no library); no candidate can be measured on cuda:x without energy; allowed: nvml, zeus"),
+])
+def test_a_gpu_without_an_energy_meter_is_refused_when_the_backend_starts(energy, nvml, why):
+    """It would run every window in full and fail it, three times per candidate, for no frontier."""
+    b = object.__new__(CudaBackend)
+    b.cuda, b.name, b.nvml, b._nvml_error = True, "cuda:x", nvml, "" if nvml else "NVMLError: no library"
+    b.cfg = CudaConfig(device="cpu", energy=energy)
+    meter, problem = b._open_meter(0)
+    assert problem == why
+    b.cuda = False  # the CPU checks the logic: readings fail with the reason instead
+    assert b._open_meter(0)[1] == ""
+

@@ -33,17 +33,39 @@ class _Meter:
 
     name = "fake"
 
-    def __init__(self, script: list) -> None:
+    def __init__(self, script: list, begin_script: list | None = None) -> None:
         self.script = list(script)
+        self.begin_script = list(begin_script or [])  # what each begin() does: None, or an exception to raise
 
     def begin(self) -> None:
-        pass
+        action = self.begin_script.pop(0) if self.begin_script else None
+        if action is not None:
+            raise action
 
     def end(self) -> float:
         action = self.script.pop(0) if self.script else 5.0
         if isinstance(action, Exception):
             raise action
         return float(action)
+
+
+class _FlakyTemperature:
+    """NVML of a CPU rank: temperatures only, the first read failing where asked."""
+
+    def __init__(self, fail_first: bool) -> None:
+        self.fail = fail_first
+
+    def temperature_c(self) -> float:
+        if self.fail:
+            self.fail = False
+            raise OSError("NVML_ERROR_UNKNOWN")
+        return 50.0
+
+    def sm_clock_mhz(self) -> float:
+        return 1410.0
+
+    def close(self) -> None:
+        pass
 
 
 def _partition():
@@ -82,10 +104,10 @@ def _scripted_lock(backend, fails):
     return Scripted()
 
 
-def _measure(backend, script: list, slot: str = "linear_1") -> dict:
+def _measure(backend, script: list, slot: str = "linear_1", begin_script: list | None = None) -> dict:
     from kareus.types import Candidate
 
-    backend.energy = _Meter(script)
+    backend.energy = _Meter(script, begin_script)
     p = _partition()
     m = _profiler(backend).measure(p, Candidate(p.key, slot, 8, backend.gpu.max_mhz))
     return {"failed": m.failed, "flags": list(m.flags), "reads": len(m.readings), "time_s": m.time_s,
@@ -231,6 +253,14 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     res["bad_read"] = _measure(backend, [-1.0] if rank == 1 else [])
     # rank 0's NVML read raises once: a read error on every rank, retried by both
     res["read_error"] = _measure(backend, [OSError("NVML_ERROR_UNKNOWN")] if rank == 0 else [])
+    # rank 1's meter cannot start a window once: it still runs the window's collectives, and the whole
+    # group retries it (it used to skip them, and the ranks' next collectives paired up wrongly)
+    res["begin_error"] = _measure(backend, [], begin_script=[OSError("NVML_ERROR_GPU_IS_LOST")] if rank == 1 else [])
+    res["agreed_after"] = backend._agree(100 + rank)
+    # rank 0's temperature read fails once: the last reading stands in, and no rank leaves the group
+    backend.nvml = _FlakyTemperature(fail_first=rank == 0)
+    res["temperature_error"] = _measure(backend, [])
+    backend.nvml = None
     # rank 1's reads are bad on every try: both ranks record the candidate as failed
     res["always_bad"] = _measure(backend, [0.0, 0.0, 0.0] if rank == 1 else [])
     res["anchors"] = _anchors(backend, rank)
@@ -293,6 +323,17 @@ def test_a_bad_read_on_one_rank_is_retried_by_the_whole_group(ranks):
     for r in ranks:
         assert not r["bad_read"]["failed"] and "retried:1" in r["bad_read"]["flags"]
         assert not r["read_error"]["failed"] and "retried:1" in r["read_error"]["flags"]
+
+
+def test_a_meter_that_cannot_start_a_window_on_one_rank_is_retried_by_the_whole_group(ranks):
+    for r in ranks:
+        assert not r["begin_error"]["failed"] and "retried:1" in r["begin_error"]["flags"]
+        assert r["agreed_after"] == 101  # the ranks' collectives still pair up
+
+
+def test_a_failed_temperature_read_on_one_rank_neither_stops_it_nor_splits_the_group(ranks):
+    assert [r["temperature_error"]["failed"] for r in ranks] == [False, False]
+    assert ranks[0]["temperature_error"]["energy_j"] == ranks[1]["temperature_error"]["energy_j"]
 
 
 def test_reads_bad_on_one_rank_fail_the_candidate_on_every_rank(ranks):

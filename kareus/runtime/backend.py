@@ -23,6 +23,7 @@ marked failed with the reason. That is how the runtime's logic is tested without
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
 import socket
@@ -53,7 +54,7 @@ class CudaConfig(GPUConfig):
     head_dim: int = 128  # head dim assumed when sizing attention kernels from FLOPs and bytes
     scale: float = 1.0  # shrink every kernel dim by this factor (quick CPU checks); 1 = the op's shape
     warmup: int = 2  # untimed executions before a window (allocation, autotuning, caches)
-    idle_temperature_c: float = 0.0  # 0 = the temperature read when the backend starts (GPU as found)
+    idle_temperature_c: float = 0.0  # 0 = the temperature read when this process first opens the GPU (as found)
     cpu_threads: int = 1  # torch threads on device=cpu (0 = torch's default); 1 keeps timings steady
     def problems(self, ctx: Any = None) -> list[str]:
         """Cross-field rules, checked by config validation before anything is built (no torch needed)."""
@@ -119,6 +120,18 @@ def gpu_mismatch(cfg: GPUConfig, device_name: str, device_sms: int, device_max_m
 
 
 _HARDWARE_CONF = Path(__file__).resolve().parents[1] / "conf" / "hardware"
+log = logging.getLogger(__name__)
+
+# idle temperature per physical GPU, read when the first backend of this process opens it: every
+# partition search builds a backend of its own, and one opened after another search's last window
+# would read that heat as idle (the cooldowns wait for, and correct heat against, idle)
+_IDLE_C: dict[str, float] = {}
+
+
+def _idle_reading(device_id: str, nvml: Any) -> float:
+    if device_id not in _IDLE_C:
+        _IDLE_C[device_id] = nvml.temperature_c()
+    return _IDLE_C[device_id]
 SHIPPED_CUDA_MODELS = tuple(sorted(p.name[: -len("_cuda.yaml")] for p in _HARDWARE_CONF.glob("*_cuda.yaml")))
 
 
@@ -172,7 +185,8 @@ class CudaBackend(LockedClock):
         self.device_id = f"{socket.gethostname()}:{cuda_uuid(index) or self.name}" if self.cuda else self.name
         self._nvml_error = ""
         self.nvml = self._open_nvml(index) if self.cuda else None
-        problem = self._gpu_problem(index)
+        self.energy, unmetered = self._open_meter(index)
+        problem = self._gpu_problem(index) or unmetered
         try:
             self.comm = self._start_comm(comm)
             # after the group started: a rank that stopped before it would leave its peers waiting there
@@ -181,12 +195,6 @@ class CudaBackend(LockedClock):
             if self.nvml is not None:
                 self.nvml.close()
             raise
-        if self.cuda:
-            self.energy = energy_meter(cfg.energy, self.nvml, index)
-            if isinstance(self.energy, NoEnergy) and self._nvml_error:
-                self.energy.reason += f" ({self._nvml_error})"
-        else:
-            self.energy = NoEnergy("energy is unavailable on device cpu (no GPU energy counter)")
         from kareus.runtime.kernels import torch_dtype
 
         self.dtype = torch_dtype(cfg.dtype)
@@ -199,7 +207,8 @@ class CudaBackend(LockedClock):
         if cfg.idle_temperature_c > 0:
             self._idle_c = cfg.idle_temperature_c
         elif self.nvml is not None:
-            self._idle_c = self.nvml.temperature_c()
+            self._idle_c = _idle_reading(self.device_id, self.nvml)
+        self._last_c = self._idle_c
 
     def _select_device(self, cfg: CudaConfig) -> int:
         """Bind this process to its GPU (LOCAL_RANK under torchrun) and make its streams; 0 on the CPU."""
@@ -251,6 +260,24 @@ class CudaBackend(LockedClock):
         return gpu_mismatch(self.cfg, torch.cuda.get_device_name(index),
                             int(torch.cuda.get_device_properties(index).multi_processor_count), top)
 
+    def _open_meter(self, index: int) -> tuple[Any, str]:
+        """(the energy meter, why this GPU cannot be measured without one, or ""). A GPU without a meter
+        would run every window in full and fail it, each candidate three times over, for no frontier;
+        on the CPU, where the logic is checked, readings fail with the reason instead."""
+        if not self.cuda:
+            return NoEnergy("energy is unavailable on device cpu (no GPU energy counter)"), ""
+        try:
+            meter = energy_meter(self.cfg.energy, self.nvml, index)
+        except ImportError as e:
+            return NoEnergy(str(e)), (f"hardware.energy: {self.cfg.energy} needs the zeus package ({e}); install "
+                                      f"it with pip install -e '.[runtime]', or use hardware.energy=nvml")
+        if not isinstance(meter, NoEnergy):
+            return meter, ""
+        if self._nvml_error:
+            meter.reason += f" ({self._nvml_error})"
+        return meter, (f"hardware.energy: {meter.reason}; no candidate can be measured on {self.name} without "
+                       f"energy; allowed: nvml, zeus")
+
     def _open_nvml(self, index: int) -> NVMLDevice | None:
         try:
             return NVMLDevice(nvml_index(index, self.cfg.nvml_index))
@@ -286,9 +313,16 @@ class CudaBackend(LockedClock):
         return int(agree(int(value), self.device)) if agree is not None else int(value)
 
     def temperature(self) -> float:
+        """NVML's reading; after a failed read, the last good one. A transient NVML error raised here on
+        one rank would stop that rank's search alone and leave its peers in their next collective."""
         if self.nvml is None:
             return self._idle_c
-        return self.nvml.temperature_c()
+        try:
+            self._last_c = self.nvml.temperature_c()
+        except Exception as e:
+            log.warning("NVML temperature read failed (%s: %s); using the last reading, %.0f C",
+                        type(e).__name__, e, self._last_c)
+        return self._last_c
 
     def idle_temperature(self) -> float:
         return self._idle_c
@@ -470,7 +504,11 @@ class CudaBackend(LockedClock):
         self.synchronize()
         torch = self._torch
         wall = time.perf_counter()
-        self.energy.begin()
+        began: Exception | None = None
+        try:
+            self.energy.begin()
+        except Exception as e:  # an NVML/Zeus hiccup: the window still runs, so this rank issues the
+            began = e  # collectives its peers do, and the group then retries it together
         if self.cuda:
             begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             begin.record(self.main)
@@ -483,16 +521,16 @@ class CudaBackend(LockedClock):
             elapsed = begin.elapsed_time(end) / 1000.0
         else:
             elapsed = time.perf_counter() - wall
-        return self._finish(elapsed, n, freq)
+        return self._finish(elapsed, n, freq, began)
 
-    def _finish(self, elapsed: float, n: int, freq: float) -> Reading:
-        """End the window and agree its outcome; every rank issues the same collectives whatever happened."""
-        raised: Exception | None = None
+    def _finish(self, elapsed: float, n: int, freq: float, raised: Exception | None = None) -> Reading:
+        """End the window and agree its outcome; every rank issues the same collectives whatever happened
+        (``raised``: the meter failed to start the window)."""
         try:
             energy, why = self._end_energy()
             temperature = self.temperature()
         except Exception as e:  # an NVML/Zeus hiccup (counter, temperature): a read error, retried
-            raised = e
+            raised = raised or e
         # the group's time, the slowest rank's (collectives couple them): every rank then judges the
         # window's length alike, and the profiler retries a short one on all ranks or on none
         elapsed = self._agree(math.ceil(elapsed * 1e9)) / 1e9
