@@ -65,6 +65,7 @@ class ParallelSpec:
     recompute: str = "full"  # "full" | "none"
     schedule: str = "1f1b"
     sequence_parallel: bool = False
+    cross_entropy_fusion: bool = False  # Transformer Engine's fused vocab-parallel cross-entropy
     layer_split: tuple[int, ...] | None = None  # layers per stage; None = even split
 
     def layers_per_stage(self, num_layers: int) -> tuple[int, ...]:

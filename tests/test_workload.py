@@ -78,6 +78,25 @@ def test_cross_entropy_moves_megatron_cores_unfused_bytes_per_logit():
     logits = 16384 * padded_vocab_size(128256, 8) // 8
     assert ops_by_name(w.stage(1).post_fwd)["cross_entropy"].bytes == 38 * logits
     assert ops_by_name(w.stage(1).pre_bwd)["cross_entropy_bwd"].bytes == 14 * logits
+    assert [o.name for o in w.stage(1).post_fwd if o.name.startswith("loss_")] == [
+        "loss_max_allreduce", "loss_target_allreduce", "loss_sumexp_allreduce"]
+
+
+def test_fused_cross_entropy_reads_the_logits_twice_and_gathers_three_numbers_per_token():
+    """parallel.cross_entropy_fusion (Transformer Engine's kernels): 6 B per logit forward, 4 B backward,
+    one all-gather of each shard's max, sum and target logit instead of three all-reduces."""
+    from dataclasses import replace
+
+    w = build_workload(LLAMA, replace(TP8, cross_entropy_fusion=True))
+    logits = 16384 * padded_vocab_size(128256, 8) // 8
+    post = ops_by_name(w.stage(1).post_fwd)
+    assert post["cross_entropy"].bytes == 6 * logits
+    assert ops_by_name(w.stage(1).pre_bwd)["cross_entropy_bwd"].bytes == 4 * logits
+    assert [o.name for o in w.stage(1).post_fwd if o.name.startswith("loss_")] == ["loss_stats_allgather"]
+    assert post["loss_stats_allgather"].collective is Collective.ALL_GATHER
+    assert post["loss_stats_allgather"].message_bytes == 16384 * 3 * 4
+    unfused = build_workload(LLAMA, TP8)
+    assert [o.name for o in w.stage(0).layer_fwd] == [o.name for o in unfused.stage(0).layer_fwd]  # the loss alone
 
 
 def test_sequence_parallel_backward_gathers_each_column_parallel_input_again_for_wgrad():

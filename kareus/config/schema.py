@@ -76,6 +76,9 @@ class ParallelConfig:
     recompute: Recompute = Recompute.full
     schedule: str = "1f1b"
     sequence_parallel: bool = False
+    # megatron-core's --cross-entropy-loss-fusion with --cross-entropy-fusion-impl te (the published
+    # Kareus setup uses it); off: megatron-core's default, the unfused vocab-parallel cross-entropy
+    cross_entropy_fusion: bool = False
     layer_split: Optional[list[int]] = None  # layers per stage; None splits evenly
 
     def spec(self) -> ParallelSpec:

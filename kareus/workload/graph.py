@@ -119,23 +119,40 @@ def _embedding(s: Shard, sp: bool, tp_link: Link) -> tuple[tuple[Op, ...], tuple
     return tuple(fwd), tuple(bwd)
 
 
-def _output(s: Shard, sp: bool, tp_link: Link) -> tuple[tuple[Op, ...], tuple[Op, ...]]:
+def _cross_entropy(s: Shard, fused: bool, tp_link: Link) -> tuple[list[Op], Op]:
+    """The vocab-parallel cross-entropy's forward ops and its backward op (per logit, T x V local)."""
+    T, V = s.tokens, s.vocab_local
+    if fused:
+        # Transformer Engine's fused kernels: an online-softmax pass reads the bf16 logits (2 B), the
+        # shards' per-token max, sum and target logit (3 fp32) are gathered once, and a second pass
+        # reads the logits again and writes the loss gradient over them (2 + 2 B): 6 B, 3 two-byte
+        # passes; backward scales that stored gradient in place (read+write 2 B)
+        fwd = [memory("cross_entropy", OpKind.ELEMENTWISE, T * V, 5, 3)]
+        if s.tp > 1:
+            fwd.append(comm("loss_stats_allgather", Collective.ALL_GATHER, T * 3 * 4, s.tp, tp_link))
+        return fwd, memory("cross_entropy_bwd", OpKind.ELEMENTWISE, T * V, 1, 2)
+    # megatron-core's unfused vocab-parallel cross-entropy, per logit: cast to fp32 (read 2 B, write 4),
+    # max (read 4), subtract the max and exp in place (read+write 4, twice), sum (read 4) and divide
+    # by the sum, keeping the softmax for backward (read+write 4): 38 B, 19 two-byte passes
+    fwd = [memory("cross_entropy", OpKind.ELEMENTWISE, T * V, 5, 19)]
+    if s.tp > 1:  # max, target logit and sum of exp over the vocab shards (fp32 per token)
+        fwd += [comm(f"loss_{what}_allreduce", Collective.ALL_REDUCE, T * 4, s.tp, tp_link)
+                for what in ("max", "target", "sumexp")]
+    # backward: scale the saved fp32 softmax by the loss gradient in place (read+write 4 B), then the
+    # cast to the output GEMM's bf16 (read 4, write 2): 14 B, 7 two-byte passes
+    return fwd, memory("cross_entropy_bwd", OpKind.ELEMENTWISE, T * V, 2, 7)
+
+
+def _output(s: Shard, sp: bool, tp_link: Link, fused_loss: bool = False) -> tuple[tuple[Op, ...], tuple[Op, ...]]:
     """Final norm, vocab-parallel output GEMM and cross-entropy (forward, backward)."""
     T, Ts, h, V = s.tokens, s.sp_tokens, s.hidden, s.vocab_local
     fwd: list[Op] = [memory("final_norm", OpKind.NORM, Ts * h, 4, 2)]
     if s.tp > 1 and sp:
         fwd.append(comm("output_allgather", Collective.ALL_GATHER, Ts * h * BYTES, s.tp, tp_link))
     fwd.append(gemm("output", T, h, V))
-    # megatron-core's unfused vocab-parallel cross-entropy, per logit: cast to fp32 (read 2 B, write 4),
-    # max (read 4), subtract the max and exp in place (read+write 4, twice), sum (read 4) and divide
-    # by the sum, keeping the softmax for backward (read+write 4): 38 B, 19 two-byte passes
-    fwd.append(memory("cross_entropy", OpKind.ELEMENTWISE, T * V, 5, 19))
-    if s.tp > 1:  # max, target logit and sum of exp over the vocab shards (fp32 per token)
-        fwd += [comm(f"loss_{what}_allreduce", Collective.ALL_REDUCE, T * 4, s.tp, tp_link)
-                for what in ("max", "target", "sumexp")]
-    # backward: scale the saved fp32 softmax by the loss gradient in place (read+write 4 B), then the
-    # cast to the output GEMM's bf16 (read 4, write 2): 14 B, 7 two-byte passes
-    bwd: list[Op] = [memory("cross_entropy_bwd", OpKind.ELEMENTWISE, T * V, 2, 7), gemm("output_dgrad", T, V, h)]
+    loss_fwd, loss_bwd = _cross_entropy(s, fused_loss, tp_link)
+    fwd += loss_fwd
+    bwd: list[Op] = [loss_bwd, gemm("output_dgrad", T, V, h)]
     if s.tp > 1 and sp:  # the output layer is column-parallel too: its input is gathered again for wgrad
         bwd.append(comm("output_regather_bwd", Collective.ALL_GATHER, Ts * h * BYTES, s.tp, tp_link))
     bwd.append(gemm("output_wgrad", h, T, V))
@@ -156,7 +173,7 @@ def build_workload(model: ModelSpec, parallel: ParallelSpec, gpus_per_node: int 
     lf = layer_forward(model, s, sp, tp_link, cp_link)
     lb = layer_backward(model, s, sp, tp_link, cp_link)
     emb_f, emb_b = _embedding(s, sp, tp_link)
-    out_f, out_b = _output(s, sp, tp_link)
+    out_f, out_b = _output(s, sp, tp_link, parallel.cross_entropy_fusion)
     act = s.sp_tokens * s.hidden * BYTES  # the activation crossing a stage boundary
     split = parallel.layers_per_stage(model.num_layers)
     stages = []
