@@ -22,15 +22,26 @@ def signals_deferred() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    pending: list[int] = []
+    start = len(_PENDING)
     held = {}
     for sig in (signal.SIGINT, signal.SIGTERM):
         if signal.getsignal(sig) is not None:  # None: a handler not set from Python, left alone
-            held[sig] = signal.signal(sig, lambda signum, frame: pending.append(signum))
+            held[sig] = signal.signal(sig, lambda signum, frame: _PENDING.append(signum))
     try:
         yield
     finally:
         for sig, handler in held.items():
             signal.signal(sig, handler)
-        for sig in pending:
+        mine = _PENDING[start:]
+        del _PENDING[start:]
+        for sig in mine:
             signal.raise_signal(sig)  # now, through the handler the block found
+
+
+_PENDING: list[int] = []  # signals held by the deferring blocks now open (the outermost's first)
+
+
+def signal_pending() -> bool:
+    """Whether a Ctrl-C or SIGTERM waits for a deferring block to end: a step that would wait longer
+    (an MLflow write backing off from a locked store) gives up instead, so the stop is not held for it."""
+    return bool(_PENDING)

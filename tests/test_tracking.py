@@ -396,6 +396,38 @@ def test_a_signal_during_an_mlflow_write_lands_after_it():
     assert order == ["write done", "handler", "after"]
 
 
+def test_a_held_signal_stops_the_back_off_from_a_locked_store():
+    """Inside a deferring block (the profiler's journal write and its report), a write that meets a
+    locked store gives up at once when a stop is pending, instead of holding Ctrl-C for its back-off."""
+    import os
+    import signal
+    import time
+
+    from kareus.interrupts import signals_deferred
+    from kareus.tracking.store import retry
+
+    tries: list[float] = []
+
+    def locked() -> None:
+        tries.append(time.monotonic())
+        if len(tries) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)  # the stop arrives while the writer backs off
+        raise RuntimeError("database is locked")
+
+    landed: list[str] = []
+    previous = signal.signal(signal.SIGTERM, lambda *_: landed.append("handler"))
+    try:
+        with pytest.raises(RuntimeError, match="locked"):
+            with signals_deferred():
+                try:
+                    retry(locked, attempts=10, delay_s=0.2)
+                finally:
+                    landed.append("retry ended")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert len(tries) == 2 and landed == ["retry ended", "handler"]
+
+
 def test_a_run_is_named_after_every_override_but_the_named_groups():
     from kareus.tracking.tracker import default_run_name
 

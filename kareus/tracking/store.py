@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 from urllib.parse import urlparse
 
-from kareus.interrupts import signals_deferred
+from kareus.interrupts import signal_pending, signals_deferred
 
 log = logging.getLogger(__name__)
 
@@ -150,8 +150,8 @@ def retry(fn: Callable[..., T], *args: Any, attempts: int = 10, delay_s: float =
             with signals_deferred():
                 return fn(*args, **kwargs)
         except Exception as exc:  # MlflowException wraps the sqlalchemy OperationalError
-            if attempt == attempts - 1 or not is_lock_error(exc):
-                raise
+            if attempt == attempts - 1 or not is_lock_error(exc) or signal_pending():
+                raise  # a Ctrl-C or SIGTERM held by an enclosing block: stop now, not after the back-off
             time.sleep(delay_s * (2 ** attempt) * (0.5 + random.random()))
     raise AssertionError("unreachable")
 
