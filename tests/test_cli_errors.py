@@ -88,6 +88,8 @@ def test_composition_typo_fails_on_one_line_listing_the_known_keys(tmp_path):
     ("search.greedy=2", "error: search.greedy: '2' is not a bool; allowed: true, false"),
     ("search.greedy=0", "error: search.greedy: '0' is not a bool; allowed: true, false"),
     ("parallel.sequence_parallel=0.5", "error: parallel.sequence_parallel: '0.5' is not a bool; allowed: true, false"),
+    ("parallel.sequence_parallel='2'", "error: parallel.sequence_parallel: '2' is not a bool; allowed: true, false"),
+    ("parallel={sequence_parallel:2}", "error: parallel.sequence_parallel: '2' is not a bool; allowed: true, false"),
     ("search.kappa=abc", "error: search.kappa: 'abc' is not a float"),
     ("search.batch_size=1.5", "error: search.batch_size: '1.5' is not an integer"),
     ("mode=bad", "error: mode: invalid value 'bad'; allowed: run, describe, search"),

@@ -102,8 +102,8 @@ def test_a_layout_whose_layer_inputs_overflow_the_gpu_is_refused():
     assert problems(base=("+model=llama3.3-70b", "parallel=pp10_tp8")) == [
         "parallel: llama3.3-70b on tp=8 pp=10 keeps at least 43 GB of layer inputs for 10 microbatches in flight "
         "on stage 0, 47 GB with its weights and gradients, more than A100-SXM4-40GB's 40 GB; lower "
-        "parallel.micro_batch_size or parallel.seq_len, or raise parallel.cp, or shard them over tp with "
-        "parallel.sequence_parallel=true"]
+        "parallel.micro_batch_size or parallel.seq_len, raise parallel.cp, shard them over tp with "
+        "parallel.sequence_parallel=true, or give stage 0 fewer layers with parallel.layer_split"]
     fits = ("parallel.sequence_parallel=true", "parallel.micro_batch_size=4", "parallel.seq_len=2048", "hardware=h100_sim")
     for change in fits:
         assert problems(change, base=("+model=llama3.3-70b", "parallel=pp10_tp8")) == [], change

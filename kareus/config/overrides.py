@@ -186,23 +186,42 @@ def _compose(overrides: list[str], hydra: bool = True) -> tuple[Any, list[str]]:
 
 
 def _numbers_as_bools(cfg: Any, overrides: list[str]) -> list[str]:
-    """``search.greedy=2``: OmegaConf turns any number into a bool (2 -> true, 0.5 -> true), so a
-    number typed where a switch belongs (a count meant for another key) would silently flip it."""
+    """``search.greedy=2``: OmegaConf turns any number into a bool (2 -> true, 0.5 -> true, '2' ->
+    true), so a number typed where a switch belongs (a count meant for another key) would silently
+    flip it. Checked in plain values and in dicts given to a section (``parallel={sequence_parallel:2}``)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    out: list[str] = []
+    for o in OverridesParser.create().parse_overrides(overrides):
+        if o.is_sweep_override() or o.is_delete():
+            continue
+        out += _number_bool_problems(cfg, o.key_or_group.lstrip("+"), o.value())
+    return out
+
+
+def _number_bool_problems(cfg: Any, key: str, value: Any) -> list[str]:
     from omegaconf import BooleanNode, OmegaConf
 
-    out = []
-    for o in OverridesParser.create().parse_overrides(overrides):
-        value = o.value()
-        if o.is_sweep_override() or o.is_delete() or isinstance(value, bool) or not isinstance(value, (int, float)):
-            continue
-        key = o.key_or_group.lstrip("+")
-        parent, _, leaf = key.rpartition(".")
-        node = OmegaConf.select(cfg, parent) if parent else cfg
-        child = node._get_node(leaf) if OmegaConf.is_dict(node) and leaf in node else None
-        if isinstance(child, BooleanNode):
-            out.append(f"{key}: '{o.input_line.split('=', 1)[1]}' is not a bool; allowed: true, false")
-    return out
+    if isinstance(value, dict):
+        return [line for k, v in value.items() for line in _number_bool_problems(cfg, f"{key}.{k}", v)]
+    if isinstance(value, bool) or not _reads_as_number(value):
+        return []
+    parent, _, leaf = key.rpartition(".")
+    node = OmegaConf.select(cfg, parent) if parent else cfg
+    child = node._get_node(leaf) if OmegaConf.is_dict(node) and leaf in node else None
+    return [f"{key}: '{value}' is not a bool; allowed: true, false"] if isinstance(child, BooleanNode) else []
+
+
+def _reads_as_number(value: Any) -> bool:
+    if isinstance(value, (int, float)):
+        return True
+    if not isinstance(value, str):
+        return False
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _null_choice(overrides: list[str]) -> str | None:

@@ -72,10 +72,12 @@ def memory_problem(model: Any, parallel: Any, gpu_name: str, memory_gb: float) -
     stage = max(range(len(totals)), key=totals.__getitem__)
     if totals[stage] <= memory_gb:
         return None
-    # more stages do not help: the first stage's layers shrink as its microbatches in flight grow
-    sp_hint = ", or shard them over tp with parallel.sequence_parallel=true" if (
+    # more stages rarely help: the first stage's layers shrink as its microbatches in flight grow
+    # (up to num_microbatches); fewer layers on the fullest stage do
+    sp_hint = ", shard them over tp with parallel.sequence_parallel=true" if (
         parallel.tp > 1 and not parallel.sequence_parallel) else ""
     return (f"parallel: {where} keeps at least {acts[stage] / 1e9:.0f} GB of layer inputs for "
             f"{min(parallel.pp - stage, parallel.num_microbatches)} microbatches in flight on stage {stage}, "
             f"{totals[stage]:.0f} GB with its weights and gradients, more than {gpu_name}'s {memory_gb:g} GB; "
-            f"lower parallel.micro_batch_size or parallel.seq_len, or raise parallel.cp{sp_hint}")
+            f"lower parallel.micro_batch_size or parallel.seq_len, raise parallel.cp{sp_hint}, or give stage "
+            f"{stage} fewer layers with parallel.layer_split")
