@@ -617,10 +617,16 @@ def test_the_idle_temperature_is_read_once_per_gpu_per_process(monkeypatch):
 
     monkeypatch.setattr(backend_mod, "_IDLE_C", {})
     gpu = _FakeNVML(1410)
-    assert backend_mod._idle_reading("node:GPU-a", gpu) == 50.0
+    assert backend_mod._idle_reading("node:GPU-a", gpu, 35.0) == 50.0
     gpu.temperature_c = lambda: 78.0  # hot from the first search
-    assert backend_mod._idle_reading("node:GPU-a", gpu) == 50.0
-    assert backend_mod._idle_reading("node:GPU-b", gpu) == 78.0  # another GPU reads its own
+    assert backend_mod._idle_reading("node:GPU-a", gpu, 35.0) == 50.0
+    assert backend_mod._idle_reading("node:GPU-b", gpu, 35.0) == 78.0  # another GPU reads its own
+
+    def lost() -> float:
+        raise OSError("NVML_ERROR_UNKNOWN")
+
+    gpu.temperature_c = lost  # a failed first read must not stop one rank of a group: the fallback stands
+    assert backend_mod._idle_reading("node:GPU-c", gpu, 35.0) == 35.0 and "node:GPU-c" not in backend_mod._IDLE_C
 
 
 @pytest.mark.parametrize("energy,nvml,why", [

@@ -128,9 +128,15 @@ log = logging.getLogger(__name__)
 _IDLE_C: dict[str, float] = {}
 
 
-def _idle_reading(device_id: str, nvml: Any) -> float:
+def _idle_reading(device_id: str, nvml: Any, fallback_c: float) -> float:
+    """The GPU's idle temperature as this process first read it; a failed first read (which would
+    stop this rank alone, after its group started) leaves ``fallback_c`` for now and reads again later."""
     if device_id not in _IDLE_C:
-        _IDLE_C[device_id] = nvml.temperature_c()
+        try:
+            _IDLE_C[device_id] = nvml.temperature_c()
+        except Exception as e:
+            log.warning("NVML temperature read failed (%s: %s); idle taken as %.0f C", type(e).__name__, e, fallback_c)
+            return fallback_c
     return _IDLE_C[device_id]
 SHIPPED_CUDA_MODELS = tuple(sorted(p.name[: -len("_cuda.yaml")] for p in _HARDWARE_CONF.glob("*_cuda.yaml")))
 
@@ -207,7 +213,7 @@ class CudaBackend(LockedClock):
         if cfg.idle_temperature_c > 0:
             self._idle_c = cfg.idle_temperature_c
         elif self.nvml is not None:
-            self._idle_c = _idle_reading(self.device_id, self.nvml)
+            self._idle_c = _idle_reading(self.device_id, self.nvml, self._idle_c)
         self._last_c = self._idle_c
 
     def _select_device(self, cfg: CudaConfig) -> int:
