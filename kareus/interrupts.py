@@ -8,6 +8,9 @@ from contextlib import contextmanager
 from typing import Iterator
 
 
+_PENDING: list[int] = []  # signals held by the deferring blocks now open (the outermost's first)
+
+
 @contextmanager
 def signals_deferred() -> Iterator[None]:
     """Hold SIGINT and SIGTERM until the block ends, then deliver them.
@@ -36,9 +39,6 @@ def signals_deferred() -> Iterator[None]:
         del _PENDING[start:]
         for sig in mine:
             signal.raise_signal(sig)  # now, through the handler the block found
-
-
-_PENDING: list[int] = []  # signals held by the deferring blocks now open (the outermost's first)
 
 
 def signal_pending() -> bool:

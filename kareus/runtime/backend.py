@@ -120,6 +120,8 @@ def gpu_mismatch(cfg: GPUConfig, device_name: str, device_sms: int, device_max_m
 
 
 _HARDWARE_CONF = Path(__file__).resolve().parents[1] / "conf" / "hardware"
+SHIPPED_CUDA_MODELS = tuple(sorted(p.name[: -len("_cuda.yaml")] for p in _HARDWARE_CONF.glob("*_cuda.yaml")))
+
 log = logging.getLogger(__name__)
 
 # idle temperature per physical GPU, read when the first backend of this process opens it: every
@@ -138,7 +140,6 @@ def _idle_reading(device_id: str, nvml: Any, fallback_c: float) -> float:
             log.warning("NVML temperature read failed (%s: %s); idle taken as %.0f C", type(e).__name__, e, fallback_c)
             return fallback_c
     return _IDLE_C[device_id]
-SHIPPED_CUDA_MODELS = tuple(sorted(p.name[: -len("_cuda.yaml")] for p in _HARDWARE_CONF.glob("*_cuda.yaml")))
 
 
 def _shipped() -> str:

@@ -31,9 +31,14 @@ def layer_parameters(model: Any) -> tuple[int, int]:
     return split, replicated
 
 
+def stage_layers(model: Any, parallel: Any) -> list[int]:
+    """Transformer layers of each pipeline stage: ``parallel.layer_split``, or an even split."""
+    return list(parallel.layer_split) if parallel.layer_split else [model.num_layers // parallel.pp] * parallel.pp
+
+
 def stage_parameters(model: Any, parallel: Any) -> list[float]:
     """Parameters on one GPU of each pipeline stage (``parallel.layer_split`` or an even split)."""
-    split = list(parallel.layer_split) if parallel.layer_split else [model.num_layers // parallel.pp] * parallel.pp
+    split = stage_layers(model, parallel)
     per_layer, replicated = layer_parameters(model)
     embedding = padded_vocab_size(model.vocab_size, parallel.tp) * model.hidden_size / parallel.tp
     out = []
@@ -52,7 +57,7 @@ def stage_parameters(model: Any, parallel: Any) -> list[float]:
 def stage_activation_bytes(model: Any, parallel: Any) -> list[float]:
     """Bytes of checkpointed layer inputs on one GPU of each stage at its 1F1B peak: every layer's bf16
     input ([seq / cp (/ tp under sequence parallelism), micro-batch, hidden]) per microbatch in flight."""
-    split = list(parallel.layer_split) if parallel.layer_split else [model.num_layers // parallel.pp] * parallel.pp
+    split = stage_layers(model, parallel)
     sp = parallel.tp if parallel.sequence_parallel and parallel.tp > 1 else 1
     per_layer = parallel.seq_len / parallel.cp / sp * parallel.micro_batch_size * model.hidden_size * BYTES
     return [layers * min(parallel.pp - i, parallel.num_microbatches) * per_layer for i, layers in enumerate(split)]
