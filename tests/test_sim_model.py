@@ -29,15 +29,48 @@ def test_partition_is_the_published_attention_partition(part):
     assert {"norm_0", "linear_0", "attn_0"} <= set(part.slot_labels)
 
 
-def test_comm_sms_exposed_then_hidden_then_slowing_compute(cfg, part):
+# the recorded table's harness (benchmarks/sim_fidelity.py): each call synced, then idle between calls
+HARNESS = {"host_ahead": False, "host_gap_s": 9.733e-4, "comm_gated": False}
+
+
+@pytest.mark.parametrize("harness, slower, overlap_gain", [(False, 1.003, 0.1), (True, 1.03, 0.3)])
+def test_comm_sms_exposed_then_hidden_then_slowing_compute(cfg, part, harness, slower, overlap_gain):
+    """As Kareus profiles (back to back) and as the recorded harness ran. A comm joined at the chain's
+    end runs on through the harness's idle gap between calls, so there the moderate count that
+    leaves the comm running past the chain is cheaper, and overlap gains more, than back to back."""
+    import dataclasses
+
+    cfg = dataclasses.replace(cfg, **HARNESS) if harness else cfg
     slot = part.slots[0].label  # launched at the chain's start: the longest overlap
     times = {s: simulate_partition(cfg, part, slot, s, 1410).time_s for s in range(1, cfg.max_comm_sms + 1)}
     best = min(times, key=times.get)
     assert 1 < best < cfg.max_comm_sms
     assert times[1] > 2.5 * times[best]  # too few SMs: the comm is exposed
-    assert times[cfg.max_comm_sms] > 1.03 * times[best]  # too many: compute loses SMs
+    assert times[cfg.max_comm_sms] > slower * times[best]  # too many: compute loses SMs
     # at the moderate count the comm is hidden: overlapped beats running it in sequence
-    assert times[best] < 0.85 * simulate_partition(cfg, part, SEQUENTIAL, best, 1410).time_s
+    assert times[best] < (1 - overlap_gain) * simulate_partition(cfg, part, SEQUENTIAL, best, 1410).time_s
+
+
+def test_back_to_back_calls_pay_neither_the_harness_gap_nor_the_first_issue():
+    """Kareus issues calls back to back: a GPU-bound call's ops are already issued when the GPU gets
+    there, so it takes its GPU work alone; the synced harness also pays the host's first issues and
+    its idle gap. A comm that outlasts the chain hides in that gap only in the harness."""
+    import dataclasses
+
+    cfg = sim_config()
+    harness = dataclasses.replace(cfg, **HARNESS)
+    ops = (Op("g", OpKind.GEMM, flops=4e11, bytes=1e8), Op("m", OpKind.ELEMENTWISE, bytes=1e8))
+    ar = Op("ar", OpKind.COMM, collective=Collective.ALL_REDUCE, message_bytes=3e7, group_size=2, link=Link.NVLINK)
+    gpu = simulate(dataclasses.replace(cfg, host_scale=1e-9, host_tail_s=0.0), ops, None, 1410, 0, None, None)
+    plain = simulate(cfg, ops, None, 1410, 0, None, None)
+    assert plain.time_s == pytest.approx(gpu.time_s, rel=1e-6)  # the host's issue time is hidden
+    synced = simulate(harness, ops, None, 1410, 0, None, None)
+    assert synced.time_s > plain.time_s + harness.host_gap_s
+    # sequential: the comm then the chain, nothing to hide; overlapped: the comm outlasting the chain
+    # runs through the harness's gap, so overlap gains more there than back to back
+    seq, ovl = (simulate(cfg, ops, ar, 1410, 2, s, None).time_s for s in (None, 0))
+    h_seq, h_ovl = (simulate(harness, ops, ar, 1410, 2, s, None).time_s for s in (None, 0))
+    assert ovl < seq and h_seq - h_ovl > seq - ovl
 
 
 def test_energy_optimal_knobs_depend_on_the_clock(cfg, part):
@@ -166,7 +199,7 @@ def test_host_bound_ops_leave_the_gpu_idle(cfg):
     tiny = tuple(Op(f"e{i}", OpKind.ELEMENTWISE, bytes=1e5) for i in range(6))  # microseconds of GPU work
     fast = simulate(dataclasses.replace(cfg, host_elementwise_s=1e-5, host_tail_s=0.0), tiny, None, 1410, 0, None, None, host_gap=False)
     slow = simulate(dataclasses.replace(cfg, host_elementwise_s=2e-4, host_tail_s=0.0), tiny, None, 1410, 0, None, None, host_gap=False)
-    assert slow.time_s > 6 * 2e-4 * cfg.host_scale  # the host, not the GPU, sets the pace
+    assert slow.time_s >= 6 * 2e-4 * cfg.host_scale  # the host, not the GPU, sets the pace
     assert slow.time_s > 5 * fast.time_s
 
 

@@ -4,6 +4,8 @@ Pure functions of (config, partition, knobs), so the backend can cache them and 
 benchmark can fit them. One partition execution is an event simulation of three actors: the host
 issuing ops in order (each op kind costs the framework some CPU time; a kernel cannot start before it
 is issued, so host-bound stretches leave the GPU idle), the compute stream, and the comm stream.
+Calls run back to back as Kareus issues them (``host_ahead``): a GPU-bound call's ops are issued
+before the GPU reaches them, and a host-bound call takes its host time.
 The comm kernel starts when the host issues it or, with ``comm_gated``, once the compute stream has
 finished the ops before its slot; it runs alone while the compute stream idles. While it runs beside a
 compute kernel, it holds ``sms`` SMs that the compute kernel loses (with wave quantization for GEMMs),
@@ -164,6 +166,11 @@ def simulate(
     kernel starts once it is issued and its stream is free, so host-bound stretches leave the GPU idle.
     The comm kernel starts when the host issues it (``comm_gated``: only after op ``start - 1`` ends on
     the GPU), runs alone while the compute stream idles, and the op after ``join`` waits for it.
+
+    ``cfg.host_ahead`` (Kareus' profiler and runtime, which issue calls back to back without a sync):
+    in steady state the host of a GPU-bound call is already ahead, so no kernel waits for its issue and
+    a call takes the longer of its GPU work and its host work. Off, every call starts from an idle GPU
+    and a synced host, then idles ``host_gap_s`` (the recorded harness, ``benchmarks/sim_fidelity.py``).
     """
     n = len(compute)
     psm = cfg.p_sm_w * sm_power_scale(cfg, mhz)  # W of all SMs at activity 1
@@ -183,15 +190,16 @@ def simulate(
     comm_issue = 0.0
     issue = []
     h_comm = cfg.host_comm_s * cfg.host_scale
+    ahead = cfg.host_ahead  # issued before the GPU gets there: kernels wait for their stream alone
     if seq:
         host += h_comm
-        comm_issue = host
+        comm_issue = 0.0 if ahead else host
     for k, op in enumerate(compute):
         if has_comm and not seq and k == start:
             host += h_comm
-            comm_issue = host
+            comm_issue = 0.0 if ahead else host
         host += host_cost(cfg, op)
-        issue.append(host)
+        issue.append(0.0 if ahead else host)
     host_end = host + cfg.host_tail_s * cfg.host_scale
     ready = comm_issue + lat if (seq or (has_comm and not cfg.comm_gated)) else math.inf
     rem = c_alone  # comm work left, in seconds of running alone

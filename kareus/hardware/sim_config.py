@@ -1,8 +1,9 @@
 """The simulated GPU's parameters: datasheet fields (GPUConfig) plus what datasheets leave open.
 
 Every default is the A100-SXM4-40GB (as conf/hardware/a100_sim.yaml, which gives each value's
-source). Seven are fitted by benchmarks/sim_fidelity.py to the real A100 table: host_gap_s,
-host_scale, comm_sm_gbps, comm_link_eff, contention_sm, contention_hbm, p_sm_w.
+source). Seven are fitted by benchmarks/sim_fidelity.py to the real A100 table: host_scale,
+comm_sm_gbps, comm_link_eff, contention_sm, contention_hbm, p_sm_w, and the recorded harness's
+per-call idle host_gap_s, which Kareus' own profiler and runtime do not have (``host_ahead``).
 """
 from __future__ import annotations
 
@@ -33,7 +34,10 @@ class SimConfig(GPUConfig):
     host_tail_s: float = 3.0e-4  # per-call host work after the last op is issued (overlaps GPU work)
     host_scale: float = 1.111  # common factor on the host times above (the host CPU's speed)
     launch_latency_s: float = 5.0e-6  # from issue to the kernel running on an idle GPU
-    host_gap_s: float = 9.733e-4  # GPU idle per execution while the framework's host code runs (between calls)
+    # Kareus' profiler and runtime issue calls back to back without a sync, so the host of a GPU-bound
+    # call runs ahead of it; the recorded table's harness synced each call and then idled host_gap_s
+    host_ahead: bool = True
+    host_gap_s: float = 0.0  # GPU idle per call after a per-call sync (the recorded harness: 9.733e-4)
     comm_gated: bool = True  # the comm waits on the GPU for op start-1 (else it starts when the host issues it)
     comm_waits_for_dispatch: bool = False  # a comm launched beside a multi-wave kernel starts at its last wave
     # collectives
