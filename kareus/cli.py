@@ -61,6 +61,11 @@ def _hydra_files(run_dir: Path, job_name: str, subdir: str) -> dict[Path, bytes 
     return {p: (p.read_bytes() if p.is_file() else None) for p in paths}
 
 
+def _kept_config() -> bytes | None:
+    """The saved config of the run this folder held before Hydra rewrote it (None: a new folder)."""
+    return next((data for path, data in _JOB.kept.items() if path.name == "config.yaml"), None)
+
+
 def _restore_kept() -> None:
     """A refused run in a folder that already held a run: put back what Hydra rewrote there, so the
     folder's config still describes the results beside it."""
@@ -199,7 +204,7 @@ def app(cfg: DictConfig) -> Any:
     from kareus.pipeline import run_mode
 
     try:
-        out = run_mode(cfg, typed, run_dir)
+        out = run_mode(cfg, typed, run_dir, _kept_config())
         if str(getattr(cfg.mode, "value", cfg.mode)) == "describe":
             _remove_job_dir(run_dir)  # it measured and wrote nothing: no empty run folder left behind
         return out

@@ -83,6 +83,10 @@ def test_composition_typo_fails_on_one_line_listing_the_known_keys(tmp_path):
     ("search=nope", "error: search=nope: no such option; allowed: artifact, exhaustive, mbo, nsga2, qnehvi, random, tpe"),
     ("search.passes=[total,bogus]", "error: search.passes[1]: invalid value 'bogus'; allowed: total, dynamic, static, "
                                     "uncertainty, fastest, spread, local, coverage"),
+    # a bare value given to a list key: how to write it, and what an item may be
+    ("search.passes=total", "error: search.passes: expects a list, got 'total'; write search.passes=[total]; "
+                            "allowed items: total, dynamic, static, uncertainty, fastest, spread, local, coverage"),
+    ("search.space.sms=5", "error: search.space.sms: expects a list, got '5'; write search.space.sms=[5]"),
     ("search.greedy=maybe", "error: search.greedy: 'maybe' is not a bool; allowed: true, false"),
     # OmegaConf reads any number as a bool (2 -> true): a number typed for a switch is refused
     ("search.greedy=2", "error: search.greedy: '2' is not a bool; allowed: true, false"),

@@ -122,4 +122,6 @@ def test_a_run_directory_with_another_configs_journal_is_refused_before_anything
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
     lines = error_lines(res.stderr)
     assert len(lines) == 1 and lines[0].startswith("error: journal: ") and "config hash" in lines[0], lines
+    # it names what differs from the run the folder holds, as a refused resume does
+    assert lines[0].endswith("; it differs in search.seed (0 -> 1), seed (0 -> 1)"), lines
     assert not (work / "runs" / "mlflow.db").exists()  # refused before the MLflow run was opened

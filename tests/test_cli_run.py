@@ -137,6 +137,8 @@ def test_a_search_only_run_logs_what_it_profiled(tmp_path):
             "SELECT m.key, m.value FROM metrics m JOIN tags t ON t.run_uuid = m.run_uuid "
             "WHERE t.key = 'kareus.kind' AND t.value = 'invocation'").fetchall())
     assert metrics["profiled_candidates"] == 6 * 8 and metrics["profiling_gpu_hours_simulated"] > 0
+    # its run directory is printed, as a full run's is: resume= and the frontiers need it
+    assert res.stdout.strip().splitlines()[-1] == f"run directory: {_run_dir(tmp_path)}"
 
 
 def test_a_run_whose_plan_is_refused_records_why_and_what_it_profiled(tmp_path):

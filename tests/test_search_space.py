@@ -50,6 +50,18 @@ def test_named_slots_narrow_each_partition_to_those_it_has():
     assert line.startswith("search.space.slots: no partition has bogus; allowed: first, ")
 
 
+def test_every_partition_a_slot_list_leaves_empty_is_named_in_one_line():
+    from dataclasses import replace
+
+    from kareus.search.space import slot_problems
+
+    full = synthetic_partition()
+    shorts = [replace(full, key=f"short{i}", slots=full.slots[:2]) for i in range(2)]  # no s4
+    [line] = slot_problems([full, *shorts], SpaceConfig(slots=["s4"]))
+    assert line.startswith("search.space.slots: 2 partition(s) have none of s4, so nothing to search; ")
+    assert "short0 (" in line and "short1 (" in line and f"{full.key} (" not in line
+
+
 def test_fixed_space_is_only_filtered_by_explicit_fields():
     part = synthetic_partition()
     fixed = [Candidate(part.key, s, n, f) for s in (SEQUENTIAL, "s1") for n in (1, 5, 20) for f in (1200, 1410)]

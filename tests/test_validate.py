@@ -260,7 +260,9 @@ SEARCH_RULES = [
     ("search.initial=0", "search.initial: must be > 0, got 0"),
     ("search.passes=[]", "search.passes: must name at least one pass; allowed: total, dynamic, static, uncertainty, fastest, spread, local, coverage"),
     ("search.passes=[total,total]", "search.passes: has duplicates, got ['total', 'total']"),
-    ("search.shares.total=-0.1", "search.shares: must be >= 0, got {'total': -0.1}"),
+    ("search.shares.total=-0.1", "search.shares.total: must be >= 0, got -0.1"),
+    # a negative share is the problem, not the sum of the chosen passes' shares it drags below 0
+    ("search.shares.total=-1", "search.shares.total: must be >= 0, got -1.0"),
     ("search.surrogate.members=1", "search.surrogate.members: must be >= 2 (the spread is the uncertainty), got 1"),
     ("search.surrogate.max_depth=13", "search.surrogate.max_depth: must be in 1..12, got 13"),
     ("search.surrogate.threads=0", "search.surrogate.threads: must be > 0, got 0"),

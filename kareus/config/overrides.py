@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -91,8 +92,19 @@ def _message(err: Exception) -> str:
         elif text.startswith("Invalid value") and "expected one of [" in text:
             value, allowed = text.split(", expected one of [", 1)
             text = f"{value.replace('Invalid value', 'invalid value')}; allowed: {allowed.rstrip(']')}"
+        elif "is not a ListConfig" in text:
+            text = _list_expected(cause)
         return f"{cause.full_key}: {text}{source}"
     return _with_hint(str(err))
+
+
+def _list_expected(cause: Any) -> str:
+    """A bare value given to a list key: say so, how to write it, and what an item may be."""
+    node = cause.parent_node._get_node(cause.key) if cause.parent_node is not None else None
+    item = getattr(getattr(node, "_metadata", None), "element_type", None)
+    allowed = f"; allowed items: {', '.join(str(m.value) for m in item)}" if isinstance(item, type) and issubclass(item, Enum) else ""
+    value = getattr(cause, "value", None)
+    return f"expects a list, got '{value}'; write {cause.full_key}=[{value}]{allowed}"
 
 
 def override_problems(argv: Sequence[str], check: JobCheck | None = None) -> list[str]:

@@ -51,10 +51,12 @@ class RunContext:
         return OmegaConf.to_container(self.cfg[key], resolve=True, enum_to_str=True)  # type: ignore[return-value]
 
 
-def build_context(cfg: DictConfig, typed: dict[str, Any], run_dir: Path) -> RunContext:
+def build_context(cfg: DictConfig, typed: dict[str, Any], run_dir: Path, previous_config: bytes | None = None) -> RunContext:
     """Resolve the model and layout, build the workload graph and partition it (no measurement).
 
     With ``resume``, the old run's journal is checked and copied here before anything is recorded.
+    ``previous_config``: the saved config of the run that ``run_dir`` already held, as it was before
+    Hydra rewrote it (to name what differs when its journal is refused).
     """
     from kareus.config.schema import ModelConfig, ParallelConfig
     from kareus.registry import PARTITIONERS, to_dataclass
@@ -72,7 +74,7 @@ def build_context(cfg: DictConfig, typed: dict[str, Any], run_dir: Path) -> RunC
     if cfg.get("resume"):
         _continue_journal(_from_start_dir(str(cfg.resume)), run_dir, digest, cfg, copy=not describe)
     elif not describe:
-        _check_own_journal(run_dir, digest)
+        _check_own_journal(run_dir, digest, cfg, previous_config)
     return RunContext(cfg=cfg, typed=typed, run_dir=run_dir, gpu=gpu, model=model, parallel=parallel,
                       workload=workload, partitioning=partitioning, config_hash=digest)
 
@@ -84,33 +86,38 @@ def _from_start_dir(path: str) -> Path:
     return Path(to_absolute_path(os.path.expanduser(path)))  # outside a Hydra job: the current folder
 
 
-def _check_own_journal(run_dir: Path, digest: str) -> None:
+def _check_own_journal(run_dir: Path, digest: str, cfg: Any, previous_config: bytes | None) -> None:
     """A run directory that already holds a journal (``hydra.run.dir`` reused) continues it only under
     the same config; another config is refused here, before the run records anything."""
     from kareus.errors import KareusError
-    from kareus.profiler.journal import JournalError, check_journal, journal_path_for
+    from kareus.profiler.journal import JournalError, JournalMismatchError, check_journal, journal_path_for
 
     own = journal_path_for(run_dir)
     if not own.exists():
         return
     try:
         check_journal(own, digest)
+    except JournalMismatchError as err:
+        raise KareusError(f"journal: {err}{_differences(previous_config, cfg)}") from None
     except JournalError as err:
         raise KareusError(f"journal: {err}") from None
 
 
-def _differences(old_run_dir: Path, cfg: Any, most: int = 6) -> str:
-    """``; it differs in k (old -> new), ...``: what a resume changed, from the old run's saved config
-    ("" when that config is gone or unreadable, or nothing measured differs: another Kareus revision)."""
+def _differences(saved: Path | bytes | None, cfg: Any, most: int = 6) -> str:
+    """``; it differs in k (old -> new), ...``: what changed against a run's saved config (its file, or
+    its bytes); "" when that config is gone or unreadable, or nothing measured differs (another
+    Kareus revision)."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     from kareus.config.hashing import measured_differences
 
-    saved = old_run_dir / ".hydra" / "config.yaml"
+    if saved is None:
+        return ""
     try:
-        diff = measured_differences(OmegaConf.load(saved), cfg)
-    except (OSError, OmegaConfBaseException, ValueError):
+        old = OmegaConf.load(saved) if isinstance(saved, Path) else OmegaConf.create(saved.decode())
+        diff = measured_differences(old, cfg)
+    except (OSError, OmegaConfBaseException, ValueError, AttributeError):
         return ""
     if not diff:
         return ""
@@ -135,7 +142,7 @@ def _continue_journal(old_run_dir: Path, run_dir: Path, digest: str, cfg: Any, c
     try:
         check_journal(source, digest)
     except JournalMismatchError as err:
-        raise KareusError(f"resume: {err}{_differences(old_run_dir, cfg)}") from None
+        raise KareusError(f"resume: {err}{_differences(old_run_dir / '.hydra' / 'config.yaml', cfg)}") from None
     except JournalError as err:
         raise KareusError(f"resume: {err}") from None
     if own.exists():

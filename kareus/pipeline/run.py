@@ -17,12 +17,13 @@ from kareus.errors import KareusError
 from kareus.pipeline.context import RunContext, build_context
 
 
-def run_mode(cfg: DictConfig, typed: dict[str, Any], run_dir: Path) -> dict[str, Any]:
-    """Run the configured mode; return a small summary (also what tests read)."""
+def run_mode(cfg: DictConfig, typed: dict[str, Any], run_dir: Path, previous_config: bytes | None = None) -> dict[str, Any]:
+    """Run the configured mode; return a small summary (also what tests read). ``previous_config``: the
+    saved config of a run that ``run_dir`` already held, before Hydra rewrote it."""
     console = Console(highlight=False)
     if not console.is_terminal:  # logs and pipes: wide enough that tables stay readable
         console = Console(highlight=False, width=160)
-    ctx = build_context(cfg, typed, run_dir)
+    ctx = build_context(cfg, typed, run_dir, previous_config)
     mode = str(getattr(cfg.mode, "value", cfg.mode))
     if mode == "describe":
         return _describe(ctx, console)
@@ -100,6 +101,7 @@ def _search_and_plan_on(ctx: RunContext, console: Console, compose: bool, backen
                 raise KareusError(f"plan: {summary['selection_error']} (the frontier and all plans are in "
                                   f"{ctx.run_dir})")
     _write_summary(ctx, summary)
+    console.print(f"run directory: {ctx.run_dir}")  # where resume= and the frontiers point
     return summary
 
 
@@ -172,7 +174,6 @@ def _compose_and_plan(ctx: RunContext, console: Console, backend: Any, results: 
                       f"and {s['energy_saving_pct']:+.1f}% energy saved ({label}); {switches} clock switches "
                       f"per iteration over {selected.num_stages} stages, "
                       f"{_switch_pricing(selected.clock_switch_s)}")
-        console.print(f"run directory: {ctx.run_dir}")
     if selection_error is not None:
         out["selection_error"] = selection_error
     return out

@@ -245,9 +245,8 @@ def _mbo_problems(cfg: MBOConfig) -> list[str]:
     if unknown:
         out.append(f"search.shares: unknown pass(es) {unknown}; allowed: {', '.join(valid)}")
     neg = {k: v for k, v in cfg.shares.items() if v < 0}
-    if neg:
-        out.append(f"search.shares: must be >= 0, got {neg}")
-    if cfg.passes and sum(cfg.shares.get(p.value, 0.0) for p in cfg.passes) <= 0:
+    out += [f"search.shares.{k}: must be >= 0, got {v}" for k, v in neg.items()]
+    if not neg and cfg.passes and sum(cfg.shares.get(p.value, 0.0) for p in cfg.passes) <= 0:
         out.append("search.shares: the chosen passes' shares sum to 0")
     if cfg.passes and all(p.value in BATCH_POLICIES for p in cfg.passes):
         regular = [p.value for p in PassName if p.value not in BATCH_POLICIES]

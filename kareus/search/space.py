@@ -138,15 +138,26 @@ def resolve_slot_alias(partition: PartitionType, label: str) -> str:
 
 
 def slot_problems(partitions: Sequence[PartitionType], space: SpaceConfig) -> list[str]:
-    """Slot labels in ``search.space.slots`` that no partition has (a typo, not a narrowing)."""
+    """Slot labels in ``search.space.slots`` that no partition has (a typo, not a narrowing), else the
+    partitions it would leave with no slot at all, every one of them in one line."""
     if space.slots is None:
         return []
     known = {resolve_slot_alias(p, s) for p in partitions for s in (*p.slot_labels, FIRST_SLOT)}
     unknown = [s for s in space.slots if s != FIRST_SLOT and s not in known]
-    if not unknown:
+    if unknown:
+        labels = sorted({s for p in partitions for s in p.slot_labels})
+        return [f"search.space.slots: no partition has {', '.join(unknown)}; allowed: first, {', '.join(labels)}"]
+    empty = [p for p in partitions if not _wanted(p, space) & set(p.slot_labels)]
+    if not empty:
         return []
-    labels = sorted({s for p in partitions for s in p.slot_labels})
-    return [f"search.space.slots: no partition has {', '.join(unknown)}; allowed: first, {', '.join(labels)}"]
+    which = "; ".join(f"{p.key} ({', '.join(p.slot_labels)})" for p in empty)
+    return [f"search.space.slots: {len(empty)} partition(s) have none of {', '.join(space.slots)}, so nothing "
+            f"to search; add one of their slots: {which}"]
+
+
+def _wanted(partition: PartitionType, space: SpaceConfig) -> set[str]:
+    """``search.space.slots`` as this partition's labels (``first`` resolved); each keeps those it has."""
+    return {resolve_slot_alias(partition, s) for s in space.slots or ()}
 
 
 def kept_slots(partition: PartitionType, space: SpaceConfig) -> list[str]:
@@ -154,7 +165,7 @@ def kept_slots(partition: PartitionType, space: SpaceConfig) -> list[str]:
     labels = list(partition.slot_labels)
     if space.slots is None:
         return labels
-    wanted = {resolve_slot_alias(partition, s) for s in space.slots}  # each partition keeps the named slots it has
+    wanted = _wanted(partition, space)
     if not wanted & set(labels):
         raise ValueError(f"search.space.slots: partition {partition.key!r} has none of "
                          f"{', '.join(sorted(wanted))}; its slots: {', '.join(labels)}")
