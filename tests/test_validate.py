@@ -351,7 +351,10 @@ def test_a_bad_sm_count_is_one_line_not_two():
 
 
 def test_space_needs_sm_counts():
-    assert problems("search.space.sms_min=10", "search.space.sms_max=4") == [
+    # a reversed range says so, with the defaults filled in, as a reversed clock range does
+    assert problems("search.space.sms_min=10", "search.space.sms_max=4") == ["search.space: sms_min 10 > sms_max 4"]
+    assert problems("search.space.sms_min=20") == ["search.space: sms_min 20 > sms_max 16"]
+    assert problems("search.space.sms=[]") == [
         "search.space: no SM counts (check sms / sms_min / sms_max / sms_step)"]
 
 

@@ -48,12 +48,18 @@ class SpaceConfig:
     slots: list[str] | None = None  # slot labels to keep (``sequential`` included); None: all
 
 
-def sm_counts(space: SpaceConfig, gpu: GPUSpec) -> list[int]:
-    if space.sms is not None:
-        return sorted(set(int(s) for s in space.sms))
+def _sm_range(space: SpaceConfig, gpu: GPUSpec) -> tuple[int, int, int]:
+    """(min, max, step) of the SM range, defaults filled in."""
     lo = space.sms_min if space.sms_min is not None else DEFAULT_SMS_MIN
     hi = space.sms_max if space.sms_max is not None else min(DEFAULT_SMS_MAX, gpu.max_comm_sms)
     step = space.sms_step if space.sms_step is not None else DEFAULT_SMS_STEP
+    return lo, hi, step
+
+
+def sm_counts(space: SpaceConfig, gpu: GPUSpec) -> list[int]:
+    if space.sms is not None:
+        return sorted(set(int(s) for s in space.sms))
+    lo, hi, step = _sm_range(space, gpu)
     return list(range(lo, hi + 1, step))
 
 
@@ -77,7 +83,10 @@ def space_problems(space: SpaceConfig, gpu: GPUSpec) -> list[str]:
         out.append(f"search.space.sms_step: must be > 0, got {space.sms_step}")
     else:
         sms = sm_counts(space, gpu)
-        if not sms:
+        lo, hi, _step = _sm_range(space, gpu)
+        if not sms and space.sms is None and lo > hi:
+            out.append(f"search.space: sms_min {lo} > sms_max {hi}")
+        elif not sms:
             out.append("search.space: no SM counts (check sms / sms_min / sms_max / sms_step)")
         bad = [s for s in sms if s < 1 or s > gpu.sms - 1]
         if bad and space.sms is not None:
