@@ -203,11 +203,17 @@ def app(cfg: DictConfig) -> Any:
     from kareus.errors import JobRefused, KareusError
     from kareus.pipeline import run_mode
 
+    describe = str(getattr(cfg.mode, "value", cfg.mode)) == "describe"
     try:
         out = run_mode(cfg, typed, run_dir, _kept_config())
-        if str(getattr(cfg.mode, "value", cfg.mode)) == "describe":
+        if describe:
             _remove_job_dir(run_dir)  # it measured and wrote nothing: no empty run folder left behind
         return out
+    except BrokenPipeError:  # the reader left (``| head``): stop quietly, as a shell tool does
+        _stdout_to_devnull()
+        if describe:
+            _remove_job_dir(run_dir)
+        sys.exit(128 + signal.SIGPIPE)
     except KareusError as err:
         job = _sweep_job()
         if job is None:
@@ -216,6 +222,15 @@ def app(cfg: DictConfig) -> Any:
         _remove_job_dir(run_dir)
         _JOB.refused.append(job)
         return JobRefused(job)  # the sweep goes on; main() reports and exits 2 at its end
+
+
+def _stdout_to_devnull() -> None:
+    """Point stdout at /dev/null, so flushing it at exit does not raise a second BrokenPipeError."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 def _sweep_job() -> str | None:

@@ -356,3 +356,19 @@ def test_a_refused_run_in_the_folder_of_an_earlier_run_leaves_that_runs_record(t
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
     after = {p: p.read_bytes() for p in sorted((tmp_path / "myrun").rglob("*")) if p.is_file()}
     assert after == before
+
+
+def test_describe_into_a_reader_that_leaves_stops_quietly_and_leaves_nothing(tmp_path):
+    """``mode=describe | head -0``: rich exited with status 1 on the broken pipe, before the empty run
+    folder was removed; now it stops as a shell tool does (128 + SIGPIPE), silent, nothing left."""
+    import signal
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HYDRA_")}
+    env.update(NO_COLOR="1", PYTHONWARNINGS="ignore")
+    proc = subprocess.Popen([sys.executable, "-m", "kareus", *MISSION, "mode=describe"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader leaves before the first line: the first write breaks the pipe
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGPIPE, err.decode()[-2000:]
+    assert err.strip() == b""
+    assert left_behind(tmp_path) == []

@@ -17,12 +17,21 @@ from kareus.errors import KareusError
 from kareus.pipeline.context import RunContext, build_context
 
 
+class _Console(Console):
+    """rich's console, but a reader that left (``| head``) raises BrokenPipeError for the CLI to handle
+    (rich itself exits with status 1 on the spot, before the CLI can clean up)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError
+
+
 def run_mode(cfg: DictConfig, typed: dict[str, Any], run_dir: Path, previous_config: bytes | None = None) -> dict[str, Any]:
     """Run the configured mode; return a small summary (also what tests read). ``previous_config``: the
     saved config of a run that ``run_dir`` already held, before Hydra rewrote it."""
-    console = Console(highlight=False)
+    console = _Console(highlight=False)
     if not console.is_terminal:  # logs and pipes: wide enough that tables stay readable
-        console = Console(highlight=False, width=160)
+        console = _Console(highlight=False, width=160)
     ctx = build_context(cfg, typed, run_dir, previous_config)
     mode = str(getattr(cfg.mode, "value", cfg.mode))
     if mode == "describe":
