@@ -6,7 +6,7 @@ import math
 import pytest
 
 from _hw_helpers import attention_partition, sim_config
-from kareus.hardware.model import comm_time, op_times, simulate, simulate_partition, voltage_ratio
+from kareus.hardware.model import comm_time, host_cost, op_times, simulate, simulate_partition, voltage_ratio
 from kareus.types import SEQUENTIAL, Collective, Link, Op, OpKind
 
 
@@ -244,3 +244,16 @@ def test_a_bigger_gemm_never_runs_faster_on_the_sms_the_comm_leaves(sms):
     full = [op_times(cfg, Op("g", OpKind.GEMM, flops=n * cfg.gemm_tile_flops, bytes=1.0), cfg.max_mhz, cfg.sms)[0]
             for n in (cfg.sms, cfg.sms + 1)]
     assert full[1] == pytest.approx(full[0] * (cfg.sms + 1) / cfg.sms)  # the whole GPU: no quantization added
+
+
+def test_a_host_bound_call_back_to_back_starts_its_kernels_as_the_host_issues_them(cfg):
+    """Back to back, a call whose host work outlasts its GPU work is host-bound: its kernels, the comm
+    too, start as the host issues them, so a late launch slot launches the comm late. (Modelled as if
+    the host were ahead, every slot read alike.)"""
+    tiny = tuple(Op(f"e{i}", OpKind.ELEMENTWISE, bytes=1e5) for i in range(8))  # host-bound: ~0.7 ms of issue
+    ar = Op("ar", OpKind.COMM, collective=Collective.ALL_REDUCE, message_bytes=2e7, group_size=2, link=Link.NVLINK)
+    early, late = (simulate(cfg, tiny, ar, 1410, 8, s, None).time_s for s in (0, 7))
+    host = sum(host_cost(cfg, o) for o in tiny) + (cfg.host_comm_s + cfg.host_tail_s) * cfg.host_scale
+    assert comm_time(cfg, ar, 8, 1410) < 0.6 * host and early == pytest.approx(host)  # the host sets the pace
+    # issued after seven ops (~0.6 ms of host work), the comm outlasts the host's work
+    assert late > early + 0.1 * host

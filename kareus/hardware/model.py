@@ -5,7 +5,7 @@ benchmark can fit them. One partition execution is an event simulation of three 
 issuing ops in order (each op kind costs the framework some CPU time; a kernel cannot start before it
 is issued, so host-bound stretches leave the GPU idle), the compute stream, and the comm stream.
 Calls run back to back as Kareus issues them (``host_ahead``): a GPU-bound call's ops are issued
-before the GPU reaches them, and a host-bound call takes its host time.
+before the GPU reaches them; a host-bound call's kernels start as the host issues them.
 The comm kernel starts when the host issues it or, with ``comm_gated``, once the compute stream has
 finished the ops before its slot; it runs alone while the compute stream idles. While it runs beside a
 compute kernel, it holds ``sms`` SMs that the compute kernel loses (with wave quantization for GEMMs),
@@ -157,6 +157,20 @@ def simulate(
     cfg, compute: Sequence[Op], comm: Op | None, mhz: int, sms: int, start: int | None, join: int | None,
     host_gap: bool = True, ideal: bool = False,
 ) -> Outcome:
+    """One execution of ``compute`` with ``comm`` launched before op ``start`` and joined after ``join``
+    (see ``_execute``). Back to back (``cfg.host_ahead``) the host stays ahead of a GPU-bound call; a
+    call whose host work outlasts its GPU work is host-bound, its kernels start as the host issues them."""
+    if cfg.host_ahead:
+        out, host_bound = _execute(cfg, compute, comm, mhz, sms, start, join, host_gap, ideal, ahead=True)
+        if not host_bound:
+            return out
+    return _execute(cfg, compute, comm, mhz, sms, start, join, host_gap, ideal, ahead=False)[0]
+
+
+def _execute(
+    cfg, compute: Sequence[Op], comm: Op | None, mhz: int, sms: int, start: int | None, join: int | None,
+    host_gap: bool, ideal: bool, ahead: bool,
+) -> tuple[Outcome, bool]:
     """One execution of ``compute`` with ``comm`` launched before op ``start`` and joined after ``join``.
 
     ``start=None`` runs the comm alone before the chain (sequential); ``comm=None`` runs the chain only.
@@ -167,10 +181,12 @@ def simulate(
     The comm kernel starts when the host issues it (``comm_gated``: only after op ``start - 1`` ends on
     the GPU), runs alone while the compute stream idles, and the op after ``join`` waits for it.
 
-    ``cfg.host_ahead`` (Kareus' profiler and runtime, which issue calls back to back without a sync):
-    in steady state the host of a GPU-bound call is already ahead, so no kernel waits for its issue and
-    a call takes the longer of its GPU work and its host work. Off, every call starts from an idle GPU
-    and a synced host, then idles ``host_gap_s`` (the recorded harness, ``benchmarks/sim_fidelity.py``).
+    ``ahead``: every op is issued before the GPU reaches it (the host of a GPU-bound call issued back to
+    back, as Kareus' profiler and runtime do); an ungated comm then starts with the call, whatever its
+    slot. Else each op starts no earlier than the host issues it, from a host that starts with the call
+    (a host-bound call back to back, or the recorded harness, which synced each call). The call then
+    idles ``host_gap_s`` (0 but for the harness, ``benchmarks/sim_fidelity.py``). Returns the outcome and
+    whether the host's work outlasted the GPU's (host-bound).
     """
     n = len(compute)
     psm = cfg.p_sm_w * sm_power_scale(cfg, mhz)  # W of all SMs at activity 1
@@ -184,24 +200,24 @@ def simulate(
     comm_w = psm * cfg.act_comm * sms / total_sms  # W of the comm kernel's SMs
     seq = has_comm and (start is None or n == 0)
     if join is not None and join >= n - 1:
-        join = None  # joined at the chain's end: the comm may run on through the host gap
-    # the host's issue times (it runs ahead of the GPU; only the end-of-call sync waits)
+        join = None  # joined at the chain's end: the comm may outlast the chain (and run through a gap)
+    # when each kernel can start, as far as the host is concerned: its issue plus the launch latency
+    # (the host never blocks inside a call); ahead, already issued when the GPU gets there
     host = 0.0
     comm_issue = 0.0
     issue = []
     h_comm = cfg.host_comm_s * cfg.host_scale
-    ahead = cfg.host_ahead  # issued before the GPU gets there: kernels wait for their stream alone
     if seq:
         host += h_comm
-        comm_issue = 0.0 if ahead else host
+        comm_issue = 0.0 if ahead else host + lat
     for k, op in enumerate(compute):
         if has_comm and not seq and k == start:
             host += h_comm
-            comm_issue = 0.0 if ahead else host
+            comm_issue = 0.0 if ahead else host + lat
         host += host_cost(cfg, op)
-        issue.append(0.0 if ahead else host)
+        issue.append(0.0 if ahead else host + lat)
     host_end = host + cfg.host_tail_s * cfg.host_scale
-    ready = comm_issue + lat if (seq or (has_comm and not cfg.comm_gated)) else math.inf
+    ready = comm_issue if (seq or (has_comm and not cfg.comm_gated)) else math.inf
     rem = c_alone  # comm work left, in seconds of running alone
     comm_end = 0.0
     dyn = 0.0
@@ -225,12 +241,12 @@ def simulate(
 
     for k, op in enumerate(compute):
         if has_comm and not seq and k == start and cfg.comm_gated:
-            ready = max(comm_issue + lat, t)
+            ready = max(comm_issue, t)
         if has_comm and ((seq and k == 0) or (join is not None and k == join + 1)):
             run_alone(t, math.inf)  # the op after the join waits for the comm
-            begin = max(t, issue[k] + lat, comm_end)
+            begin = max(t, issue[k], comm_end)
         else:
-            begin = max(t, issue[k] + lat)
+            begin = max(t, issue[k])
             run_alone(t, begin)
         if op.is_comm:
             # a collective in the chain itself (residual work: pipeline send/recv, the embedding's and
@@ -287,8 +303,8 @@ def simulate(
         else:
             now += t_full * work
         t = now
-    # Between executions the GPU idles for the framework's per-call host work (``host_gap_s``); a comm
-    # joined at the chain's end keeps running through it.
+    # After a synced call the GPU idles for the harness's per-call host work (``host_gap_s``; 0 back to
+    # back); a comm joined at the chain's end keeps running through it.
     gap = cfg.host_gap_s if host_gap else 0.0
     end = max(t, host_end)
     if rem > 0.0:
@@ -297,7 +313,7 @@ def simulate(
     total = max(end + gap, comm_end)
     hbm_bytes += chain_traffic * cfg.comm_hbm_per_byte
     dyn += hbm_bytes * cfg.hbm_pj_per_byte * 1e-12 + (traffic + chain_traffic) * cfg.link_pj_per_byte * 1e-12
-    return Outcome(total, dyn, voltage_ratio(cfg, mhz), int(mhz), overlap, exposed)
+    return Outcome(total, dyn, voltage_ratio(cfg, mhz), int(mhz), overlap, exposed), host_end > max(t, comm_end)
 
 
 def simulate_partition(cfg, partition: PartitionType, slot: str, sms: int, mhz: int) -> Outcome:
