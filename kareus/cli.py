@@ -200,7 +200,7 @@ def app(cfg: DictConfig) -> Any:
     typed, problems = _checked(cfg)
     if typed is None:
         _fail(problems, run_dir)
-    from kareus.errors import JobRefused, KareusError
+    from kareus.errors import JobRefused, KareusError, OutputClosed
     from kareus.pipeline import run_mode
 
     describe = str(getattr(cfg.mode, "value", cfg.mode)) == "describe"
@@ -209,10 +209,15 @@ def app(cfg: DictConfig) -> Any:
         if describe:
             _remove_job_dir(run_dir)  # it measured and wrote nothing: no empty run folder left behind
         return out
-    except BrokenPipeError:  # the reader left (``| head``): stop quietly, as a shell tool does
+    except OutputClosed:  # the reader left (``| head``): stop as a shell tool does, quietly
         _stdout_to_devnull()
         if describe:
             _remove_job_dir(run_dir)
+        else:  # what it measured is journaled: say how to go on
+            from kareus.profiler.journal import journal_path_for
+
+            if journal_path_for(run_dir).is_file():
+                print(f"output closed; continue with resume={run_dir}", file=sys.stderr)
         sys.exit(128 + signal.SIGPIPE)
     except KareusError as err:
         job = _sweep_job()

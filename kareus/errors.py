@@ -1,4 +1,4 @@
-"""The one error type that the CLI turns into a clean one-line message and a non-zero exit."""
+"""What the CLI turns into a clean stop: a one-line message (or none) and a non-zero exit."""
 
 
 class KareusError(RuntimeError):
@@ -11,3 +11,8 @@ class JobRefused:
 
     def __init__(self, job: str) -> None:
         self.job = job
+
+
+class OutputClosed(BrokenPipeError):
+    """The reader of the results (``| head``) left: the run stops as a shell tool does. Raised by the
+    run's console only, so a broken socket elsewhere (an MLflow server, a Ray peer) is not taken for it."""

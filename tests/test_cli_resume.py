@@ -124,4 +124,7 @@ def test_a_run_directory_with_another_configs_journal_is_refused_before_anything
     assert len(lines) == 1 and lines[0].startswith("error: journal: ") and "config hash" in lines[0], lines
     # it names what differs from the run the folder holds, as a refused resume does
     assert lines[0].endswith("; it differs in search.seed (0 -> 1), seed (0 -> 1)"), lines
+    # also where Hydra writes no config of its own (hydra.output_subdir=null): the folder's is read
+    res = kareus(work, *TINY, "seed=1", "hydra.run.dir=runs/reused", "hydra.output_subdir=null", timeout=300)
+    assert res.returncode == 2 and error_lines(res.stderr)[0].endswith("; it differs in search.seed (0 -> 1), seed (0 -> 1)")
     assert not (work / "runs" / "mlflow.db").exists()  # refused before the MLflow run was opened

@@ -139,6 +139,8 @@ def test_a_search_only_run_logs_what_it_profiled(tmp_path):
     assert metrics["profiled_candidates"] == 6 * 8 and metrics["profiling_gpu_hours_simulated"] > 0
     # its run directory is printed, as a full run's is: resume= and the frontiers need it
     assert res.stdout.strip().splitlines()[-1] == f"run directory: {_run_dir(tmp_path)}"
+    # progress is logged to stderr, so stdout holds the results alone (a pipe reads only those)
+    assert "partition fwd_attn: profiled 8/8" in res.stderr and "kareus.progress" not in res.stdout
 
 
 def test_a_run_whose_plan_is_refused_records_why_and_what_it_profiled(tmp_path):

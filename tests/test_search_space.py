@@ -60,6 +60,8 @@ def test_every_partition_a_slot_list_leaves_empty_is_named_in_one_line():
     [line] = slot_problems([full, *shorts], SpaceConfig(slots=["s4"]))
     assert line.startswith("search.space.slots: 2 partition(s) have none of s4, so nothing to search; ")
     assert "short0 (" in line and "short1 (" in line and f"{full.key} (" not in line
+    assert slot_problems([full], SpaceConfig(slots=[])) == [
+        "search.space.slots: an empty list keeps no slot; name the slots to keep, or null for all"]
 
 
 def test_fixed_space_is_only_filtered_by_explicit_fields():

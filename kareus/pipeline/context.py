@@ -98,7 +98,8 @@ def _check_own_journal(run_dir: Path, digest: str, cfg: Any, previous_config: by
     try:
         check_journal(own, digest)
     except JournalMismatchError as err:
-        raise KareusError(f"journal: {err}{_differences(previous_config, cfg)}") from None
+        saved = previous_config if previous_config is not None else run_dir / ".hydra" / "config.yaml"  # not rewritten
+        raise KareusError(f"journal: {err}{_differences(saved, cfg)}") from None
     except JournalError as err:
         raise KareusError(f"journal: {err}") from None
 

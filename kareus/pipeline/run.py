@@ -13,17 +13,17 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from kareus.errors import KareusError
+from kareus.errors import KareusError, OutputClosed
 from kareus.pipeline.context import RunContext, build_context
 
 
 class _Console(Console):
-    """rich's console, but a reader that left (``| head``) raises BrokenPipeError for the CLI to handle
+    """rich's console, but a reader that left (``| head``) raises OutputClosed for the CLI to handle
     (rich itself exits with status 1 on the spot, before the CLI can clean up)."""
 
     def on_broken_pipe(self) -> None:
         self.quiet = True
-        raise BrokenPipeError
+        raise OutputClosed
 
 
 def run_mode(cfg: DictConfig, typed: dict[str, Any], run_dir: Path, previous_config: bytes | None = None) -> dict[str, Any]:

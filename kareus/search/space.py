@@ -151,6 +151,8 @@ def slot_problems(partitions: Sequence[PartitionType], space: SpaceConfig) -> li
     partitions it would leave with no slot at all, every one of them in one line."""
     if space.slots is None:
         return []
+    if not space.slots:
+        return ["search.space.slots: an empty list keeps no slot; name the slots to keep, or null for all"]
     known = {resolve_slot_alias(p, s) for p in partitions for s in (*p.slot_labels, FIRST_SLOT)}
     unknown = [s for s in space.slots if s != FIRST_SLOT and s not in known]
     if unknown:
