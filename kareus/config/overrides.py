@@ -102,7 +102,8 @@ def _list_expected(cause: Any) -> str:
     """A bare value given to a list key: say so, how to write it, and what an item may be."""
     node = cause.parent_node._get_node(cause.key) if cause.parent_node is not None else None
     item = getattr(getattr(node, "_metadata", None), "element_type", None)
-    allowed = f"; allowed items: {', '.join(str(m.value) for m in item)}" if isinstance(item, type) and issubclass(item, Enum) else ""
+    enum = isinstance(item, type) and issubclass(item, Enum)
+    allowed = f"; allowed items: {', '.join(str(m.value) for m in item)}" if enum else ""
     value = getattr(cause, "value", None)
     return f"expects a list, got '{value}'; write {cause.full_key}=[{value}]{allowed}"
 

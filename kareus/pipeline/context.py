@@ -51,7 +51,8 @@ class RunContext:
         return OmegaConf.to_container(self.cfg[key], resolve=True, enum_to_str=True)  # type: ignore[return-value]
 
 
-def build_context(cfg: DictConfig, typed: dict[str, Any], run_dir: Path, previous_config: bytes | None = None) -> RunContext:
+def build_context(cfg: DictConfig, typed: dict[str, Any], run_dir: Path,
+                  previous_config: bytes | None = None) -> RunContext:
     """Resolve the model and layout, build the workload graph and partition it (no measurement).
 
     With ``resume``, the old run's journal is checked and copied here before anything is recorded.

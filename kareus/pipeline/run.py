@@ -26,7 +26,8 @@ class _Console(Console):
         raise OutputClosed
 
 
-def run_mode(cfg: DictConfig, typed: dict[str, Any], run_dir: Path, previous_config: bytes | None = None) -> dict[str, Any]:
+def run_mode(cfg: DictConfig, typed: dict[str, Any], run_dir: Path,
+             previous_config: bytes | None = None) -> dict[str, Any]:
     """Run the configured mode; return a small summary (also what tests read). ``previous_config``: the
     saved config of a run that ``run_dir`` already held, before Hydra rewrote it."""
     console = _Console(highlight=False)

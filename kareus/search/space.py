@@ -83,11 +83,10 @@ def space_problems(space: SpaceConfig, gpu: GPUSpec) -> list[str]:
         out.append(f"search.space.sms_step: must be > 0, got {space.sms_step}")
     else:
         sms = sm_counts(space, gpu)
-        lo, hi, _step = _sm_range(space, gpu)
-        if not sms and space.sms is None and lo > hi:
-            out.append(f"search.space: sms_min {lo} > sms_max {hi}")
-        elif not sms:
-            out.append("search.space: no SM counts (check sms / sms_min / sms_max / sms_step)")
+        if not sms:
+            lo, hi, _step = _sm_range(space, gpu)
+            out.append(f"search.space: sms_min {lo} > sms_max {hi}" if space.sms is None and lo > hi
+                       else "search.space: no SM counts (check sms / sms_min / sms_max / sms_step)")
         bad = [s for s in sms if s < 1 or s > gpu.sms - 1]
         if bad and space.sms is not None:
             out.append(f"search.space.sms: {bad} outside 1..{gpu.sms - 1} for {gpu.name}")
