@@ -99,10 +99,15 @@ def _check_own_journal(run_dir: Path, digest: str, cfg: Any, previous_config: by
     try:
         check_journal(own, digest)
     except JournalMismatchError as err:
-        saved = previous_config if previous_config is not None else run_dir / ".hydra" / "config.yaml"  # not rewritten
+        saved = previous_config if previous_config is not None else _saved_config(run_dir)  # not rewritten
         raise KareusError(f"journal: {err}{_differences(saved, cfg)}") from None
     except JournalError as err:
         raise KareusError(f"journal: {err}") from None
+
+
+def _saved_config(run_dir: Path) -> Path:
+    """The config a run saved beside its results (Hydra's default output subdir)."""
+    return run_dir / ".hydra" / "config.yaml"
 
 
 def _differences(saved: Path | bytes | None, cfg: Any, most: int = 6) -> str:
@@ -144,7 +149,7 @@ def _continue_journal(old_run_dir: Path, run_dir: Path, digest: str, cfg: Any, c
     try:
         check_journal(source, digest)
     except JournalMismatchError as err:
-        raise KareusError(f"resume: {err}{_differences(old_run_dir / '.hydra' / 'config.yaml', cfg)}") from None
+        raise KareusError(f"resume: {err}{_differences(_saved_config(old_run_dir), cfg)}") from None
     except JournalError as err:
         raise KareusError(f"resume: {err}") from None
     if own.exists():
