@@ -249,6 +249,28 @@ def test_a_replayed_table_without_the_models_partitions_is_one_line(tmp_path):
     assert left_behind(tmp_path) == []
 
 
+def test_a_replayed_tables_range_is_what_the_table_holds(tmp_path):
+    """The recorded table holds 1..20 SMs: a range above the default sms_max of 16 searches its top
+    settings, and a range past them is one line naming what it holds, where a search of empty spaces
+    used to run, write empty frontiers and exit 0."""
+    from kareus.hardware.tables import convert_a100_attention
+
+    table = convert_a100_attention(Path(__file__).resolve().parents[2] / "shared" / "data" / "a100_attention_tp2",
+                                   tmp_path / "table.csv")
+    replay = ("hardware=replay", f"hardware.table={table}", "progress=false")
+    res = kareus(tmp_path, *replay, "mode=describe", "search.space.sms_min=18")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "fwd_attn_tp2: 22 candidates" in res.stdout, res.stdout
+    res = kareus(tmp_path, *replay, "mode=search", "search.space.sms_min=25", "search.space.sms_max=30")
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    [line] = error_lines(res.stderr)
+    assert line.startswith("error: search.space: keeps none of the settings hardware=replay recorded for "
+                           "partition(s) fwd_attn_tp2, "), line
+    assert line.endswith("they hold sms 1..20 and freq_mhz 1200..1410 (slots: attn_0, linear_0, linear_1, norm_0, "
+                         "rope_0, sequential)"), line
+    assert left_behind(tmp_path) == []
+
+
 def test_a_real_gpu_backend_without_a_gpu_is_one_line(tmp_path):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():

@@ -200,9 +200,10 @@ def test_a_run_needs_a_model():
         pytest.fail("a config without a model validated")
 
 
-def test_replay_search_needs_no_model():
-    """Searching a recorded table needs no workload: hardware=replay with mode=search."""
-    cfg = configured("parallel=pp2_tp8", "hardware=replay", "mode=search")
+@pytest.mark.parametrize("mode", ["search", "describe"])
+def test_replay_search_needs_no_model(mode):
+    """Searching (or describing) a recorded table needs no workload: hardware=replay with mode=search."""
+    cfg = configured("parallel=pp2_tp8", "hardware=replay", f"mode={mode}")
     try:
         validate(cfg)
     except ConfigError as err:
@@ -356,6 +357,18 @@ def test_space_needs_sm_counts():
     assert problems("search.space.sms_min=20") == ["search.space: sms_min 20 > sms_max 16"]
     assert problems("search.space.sms=[]") == [
         "search.space: no SM counts (check sms / sms_min / sms_max / sms_step)"]
+
+
+def test_a_recorded_space_is_filtered_by_its_explicit_bounds_alone(tmp_path):
+    """A replayed table holds 1..20 SMs; sms_min=18 was refused against the default sms_max of 16,
+    which never thins a recorded table."""
+    table = tmp_path / "table.csv"
+    table.write_text("partition,slot,sms,freq_mhz,time_s,energy_j\n"
+                     + "".join(f"p,sequential,{s},1410,0.003,1.0\n" for s in (16, 18, 20)))
+    replay = ("parallel=pp2_tp8", "hardware=replay", f"hardware.table={table}", "mode=search")
+    assert problems("search.space.sms_min=18", base=replay) == []
+    assert problems("search.space.sms_min=18", "search.space.sms_max=16", base=replay) == [
+        "search.space: sms_min 18 > sms_max 16"]
 
 
 @pytest.mark.parametrize("step", [0, -2])

@@ -39,6 +39,7 @@ class ValidationContext:
     model: Any
     mode: str
     real_gpu: bool = False  # the hardware backend measures a physical GPU (one per process)
+    recorded_space: bool = False  # the backend answers a recorded set of settings only (replay)
 
 
 def _first_line(exc: Exception) -> str:
@@ -221,7 +222,9 @@ def validate(cfg: Any) -> dict[str, Any]:
     model = cfg.get("model")
     if model is not None and _missing_keys(model):
         model = None  # its missing keys are reported above; rules over it would only repeat them
-    model_free = "hardware" in typed and getattr(typed["hardware"], "name", "") == "replay" and mode == "search"
+    # a replayed table's own partitions are searched (and described) without a model
+    model_free = ("hardware" in typed and getattr(typed["hardware"], "name", "") == "replay"
+                  and mode in ("search", "describe"))
     if cfg.get("model") is None and not model_free:
         problems.append("model: no model selected")
     layout = validate_model_parallel(model, cfg.parallel, gpu.gpus_per_node if gpu else 8)
@@ -236,7 +239,9 @@ def validate(cfg: Any) -> dict[str, Any]:
         if gpu is not None:
             problems += validate_unlocked_clock(typed["profiler"], typed.get("search"), gpu)
     real = "hardware" in typed and measures_real_gpu(typed["hardware"])
-    ctx = ValidationContext(gpu=gpu, parallel=cfg.parallel, model=model, mode=mode, real_gpu=real)
+    recorded = "hardware" in typed and bool(getattr(typed["hardware"], "recorded_space", lambda: False)())
+    ctx = ValidationContext(gpu=gpu, parallel=cfg.parallel, model=model, mode=mode, real_gpu=real,
+                            recorded_space=recorded)
     # a rule may name a key of another section (the partitioner's parallel.nanobatches): kept as it is
     sections = {k for k in cfg.keys() if isinstance(cfg.get(k), (DictConfig, dict))}
     for key, sec in typed.items():

@@ -41,6 +41,9 @@ class ReplayConfig(GPUConfig):
             return [f"hardware.table: {exc}"]
         return []
 
+    def recorded_space(self) -> bool:
+        return True
+
 
 Key = tuple[str, str, int, int]
 

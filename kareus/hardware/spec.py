@@ -38,6 +38,11 @@ class GPUConfig:
         """Whether this backend runs on a physical GPU whose clock a frequency controller must lock."""
         return False
 
+    def recorded_space(self) -> bool:
+        """Whether this backend answers only a recorded set of settings (replay): ``search.space``
+        then filters that set by its explicit fields alone, and its defaults do not apply."""
+        return False
+
     def gpu_spec(self) -> GPUSpec:
         """The GPUSpec this config describes; needs no backend (config validation calls it)."""
         problems = []

@@ -38,9 +38,21 @@ def space_sizes(ctx: RunContext, backend: Any, partitions: Sequence[PartitionTyp
         raise KareusError(f"hardware: {ctx.hardware_name} holds no measurements of partition(s) {', '.join(missing)}; "
                           f"record them, or search the table's own partitions with mode=search and no +model")
     try:
-        return {p.key: len(build_space(p, ctx.gpu, space_cfg, fixed=fixed[p.key])) for p in partitions}
+        sizes = {p.key: len(build_space(p, ctx.gpu, space_cfg, fixed=fixed[p.key])) for p in partitions}
     except ValueError as err:
         raise KareusError(str(err)) from None
+    emptied = [k for k, n in sizes.items() if n == 0 and fixed[k]]
+    if emptied:  # a generated space cannot be empty once validated; a recorded one can be filtered bare
+        raise KareusError(f"search.space: keeps none of the settings hardware={ctx.hardware_name} recorded for partition(s) "
+                          f"{', '.join(emptied)}; {_recorded_ranges([c for k in emptied for c in fixed[k]])}")
+    return sizes
+
+
+def _recorded_ranges(cands: Sequence[Any]) -> str:
+    """What a recorded table holds, in the words of ``search.space``."""
+    sms, mhz = sorted({c.sms for c in cands}), sorted({c.freq_mhz for c in cands})
+    return (f"they hold sms {sms[0]}..{sms[-1]} and freq_mhz {mhz[0]}..{mhz[-1]} "
+            f"(slots: {', '.join(sorted({c.slot for c in cands}))})")
 
 
 def make_backend(ctx: RunContext) -> Any:

@@ -43,7 +43,7 @@ class SearcherConfig:
         if gpu is not None:
             from kareus.search.space import space_problems
 
-            out += space_problems(self.space, gpu)
+            out += space_problems(self.space, gpu, recorded=bool(getattr(ctx, "recorded_space", False)))
         return out
 
 

@@ -76,14 +76,18 @@ def clocks(space: SpaceConfig, gpu: GPUSpec) -> list[int]:
     return out[::-1]
 
 
-def space_problems(space: SpaceConfig, gpu: GPUSpec) -> list[str]:
-    """Cross-field problems of a space against a GPU (validate() collects these through the searcher config)."""
+def space_problems(space: SpaceConfig, gpu: GPUSpec, recorded: bool = False) -> list[str]:
+    """Cross-field problems of a space against a GPU (validate() collects these through the searcher
+    config). A ``recorded`` space (replay) is filtered by the explicit fields alone, so a range that
+    is empty only through a default (``sms_min=18`` under the default ``sms_max`` of 16) is no problem
+    there; what the filter keeps of the table is checked once the table is read (``space_sizes``)."""
     out: list[str] = []
     if space.sms_step is not None and space.sms_step <= 0:
         out.append(f"search.space.sms_step: must be > 0, got {space.sms_step}")
     else:
         sms = sm_counts(space, gpu)
-        if not sms:
+        explicit = space.sms is not None or (space.sms_min is not None and space.sms_max is not None)
+        if not sms and (explicit or not recorded):
             lo, hi, _step = _sm_range(space, gpu)
             out.append(f"search.space: sms_min {lo} > sms_max {hi}" if space.sms is None and lo > hi
                        else "search.space: no SM counts (check sms / sms_min / sms_max / sms_step)")
@@ -109,7 +113,7 @@ def space_problems(space: SpaceConfig, gpu: GPUSpec) -> list[str]:
         out.append(f"search.space.freq_mhz: min {fr.min} > max {fr.max}")
     if not 0 < fr.min_frac <= 1:
         out.append(f"search.space.freq_mhz.min_frac: must be in (0, 1], got {fr.min_frac}")
-    if not out and not clocks(space, gpu):
+    if not out and not clocks(space, gpu) and not recorded:
         out.append("search.space.freq_mhz: no clock in range")
     return out
 
