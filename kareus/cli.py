@@ -53,6 +53,13 @@ class RunDirCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         _JOB.made = _first_missing(Path(str(OmegaConf.select(config, "hydra.sweep.dir"))))
 
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        """A sweep whose jobs all left nothing (a describe sweep, or every job refused) leaves no
+        folder either: Hydra's ``multirun.yaml`` alone describes no result."""
+        sweep = Path(os.path.abspath(str(OmegaConf.select(config, "hydra.sweep.dir"))))
+        if sweep.is_dir() and {p.name for p in sweep.iterdir()} == {"multirun.yaml"}:
+            _remove_made(sweep)
+
 
 def _hydra_files(run_dir: Path, job_name: str, subdir: str) -> dict[Path, bytes | None]:
     """The files Hydra writes into a run folder, as they are now (None: absent)."""
@@ -121,8 +128,17 @@ def _remove_job_dir(run_dir: Path) -> None:
     hydra_files = {".hydra", f"{HydraConfig.get().job.name}.log"}
     if not {p.name for p in run_dir.iterdir()} <= hydra_files:
         return
-    shutil.rmtree(run_dir, ignore_errors=True)
-    for parent in run_dir.parents:
+    _remove_made(run_dir)
+
+
+def _remove_made(folder: Path) -> None:
+    """Delete ``folder`` if this run (or sweep) made it, then the folders above it that it made and
+    left empty."""
+    made = _JOB.made
+    if made is None or (folder != made and made not in folder.parents):
+        return
+    shutil.rmtree(folder, ignore_errors=True)
+    for parent in folder.parents:
         if parent != made and made not in parent.parents:
             break
         try:
