@@ -95,6 +95,23 @@ def test_artifact_policy_uses_its_four_passes():
     assert {"total", "dynamic", "fastest", "spread"} <= set(seen)
 
 
+@pytest.mark.parametrize("first", [["total"], ["total", "dynamic"]])
+def test_the_artifact_policys_small_batches_go_to_its_largest_shares(first):
+    """Each share rounded alone gave a batch of one to uncertainty alone, the smallest share, and a
+    batch of two half to it: on small recorded partitions the baseline was uncertainty sampling."""
+    prob, _gpu = problem(12 + 3 * len(first))  # the 12-point shared design, then three batches
+    batches: list[list[str]] = []
+    inner = prob.evaluate
+
+    def evaluate(batch, notes):
+        batches.append([n["pass"] for n in notes])
+        return inner(batch, notes)
+
+    prob.evaluate = evaluate
+    SEARCHERS.build("artifact", config={"seed": 0, "batch_size": len(first), "min_rounds": 1}).run(prob)
+    assert batches[0] == ["initial"] * 12 and batches[1:] == [first] * 3, batches
+
+
 def test_qnehvi_skips_cleanly_or_runs():
     if not available():
         with pytest.raises(ImportError, match="botorch"):

@@ -303,13 +303,18 @@ def surrogate_name_problems(name: str) -> list[str]:
 
 
 def pass_shares(cfg: MBOConfig, batch: int) -> list[tuple[str, int]]:
-    """Split a batch over the chosen passes by their shares (largest remainder; order kept)."""
-    names = [p.value for p in cfg.passes]
-    w = [max(cfg.shares.get(n, 0.0), 0.0) for n in names]
+    """Split a batch over the chosen passes by their shares."""
+    return split_batch([(p.value, cfg.shares.get(p.value, 0.0)) for p in cfg.passes], batch)
+
+
+def split_batch(shares: list[tuple[str, float]], batch: int) -> list[tuple[str, int]]:
+    """Counts per pass that add up to ``batch``, by largest remainder (order kept, ties to the earlier
+    pass): rounding each share alone gives a batch of one to no pass at all, or to the smallest."""
+    w = [max(x, 0.0) for _, x in shares]
     tot = sum(w) or 1.0
     raw = [batch * x / tot for x in w]
     counts = [int(math.floor(r)) for r in raw]
     rest = batch - sum(counts)
     for i in sorted(range(len(raw)), key=lambda i: (counts[i] - raw[i], i))[:rest]:
         counts[i] += 1
-    return list(zip(names, counts))
+    return [(name, n) for (name, _), n in zip(shares, counts)]

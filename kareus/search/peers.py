@@ -11,7 +11,7 @@ from kareus.search.acquisition import Context
 from kareus.search.base import SearchProblem, SearchResult
 from kareus.search.common import SearchRun, Timer
 from kareus.search.config import (ArtifactConfig, Centre, ExhaustiveConfig, NSGA2Config, OptunaConfig, RandomConfig,
-                                  SurrogateConfig, TPEConfig, round_batch)
+                                  SurrogateConfig, TPEConfig, round_batch, split_batch)
 from kareus.search.mbo import annotate, fill_batch, predict, predicted_gain, start, widened_at_random
 
 
@@ -77,11 +77,9 @@ class ArtifactSearcher:
             samples, measured = predict(run, surrogate, pool, problem.seed + 7919 * run.batches)
             fit_s = timer.lap()
             ctx = Context(pool, samples, measured, kappa=0.0, greedy=False, ref_factor=1.1)
-            n_tot = int(round(cfg.shares_total * k))
-            n_dyn = int(round(cfg.shares_dynamic * k))
-            n_fast = int(round(cfg.shares_fastest * k))
-            plan = [("total", n_tot), ("dynamic", n_dyn), ("fastest", n_fast),
-                    ("spread", max(k - n_tot - n_dyn - n_fast, 0))]
+            rest = max(1.0 - cfg.shares_total - cfg.shares_dynamic - cfg.shares_fastest, 0.0)
+            plan = split_batch([("total", cfg.shares_total), ("dynamic", cfg.shares_dynamic),
+                                ("fastest", cfg.shares_fastest), ("spread", rest)], k)
             local, names = fill_batch(ctx, plan, k)
             acq_s = timer.lap()
             notes = [annotate(ctx, p, n) for p, n in zip(local, names)]
