@@ -334,6 +334,7 @@ def test_a_describe_sweep_records_nothing(tmp_path):
     assert not (tmp_path / "runs" / "mlflow.db").exists() and "MlflowSweepCallback" not in res.stderr
     assert not list((tmp_path / "runs").rglob("kareus.log"))  # no job folder left
     assert left_behind(tmp_path) == []  # nor the sweep's, which held Hydra's multirun.yaml alone
+    assert "[HYDRA]" not in res.stdout and "Launching 2 jobs" in res.stderr  # stdout: the results alone
 
 
 def test_a_sweep_over_where_it_is_recorded_is_refused():

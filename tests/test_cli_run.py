@@ -173,6 +173,16 @@ def test_perseus_comparison_is_optional_and_leaves_the_reference_as_it_was(tmp_p
     assert _journal_rows(runs["true"][0]) > _journal_rows(runs["false"][0])
 
 
+def test_a_one_clock_runs_perseus_line_names_its_one_point(tmp_path):
+    """It read '+2.4% to +2.4% over its 1 points'."""
+    res = kareus(tmp_path, "+model=tiny", "parallel=pp1_tp2", "progress=false", "tracking.enabled=false",
+                 "+experiment=no_clock_search", timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    [line] = [ln for ln in res.stdout.splitlines() if ln.startswith("against Megatron + Perseus at equal time")]
+    assert " at its one point (" in line and "over its" not in line, line
+    assert "is Megatron's reference alone" in res.stdout
+
+
 def test_runs_started_together_get_their_own_run_directories(tmp_path):
     """Two runs launched in the same second (a script starting several configs) must not share a
     run directory: each keeps its own journal and outputs."""

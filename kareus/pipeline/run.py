@@ -209,8 +209,10 @@ def _against_perseus(ctx: RunContext, console: Console, comp: Any, plans: list, 
     if s:
         at = (f"{s['energy_saving_at_reference_pct']:+.1f}% at Megatron's time, "
               if "energy_saving_at_reference_pct" in s else "")
-        console.print(f"against Megatron + Perseus at equal time: energy saved {at}{s['energy_saving_min_pct']:+.1f}% "
-                      f"to {s['energy_saving_max_pct']:+.1f}% over its {int(s['baseline_points'])} points ({label})")
+        points = int(s["baseline_points"])
+        over = (f"{s['energy_saving_min_pct']:+.1f}% to {s['energy_saving_max_pct']:+.1f}% over its {points} points"
+                if points > 1 else f"{s['energy_saving_min_pct']:+.1f}% at its one point")
+        console.print(f"against Megatron + Perseus at equal time: energy saved {at}{over} ({label})")
         console.print(f"Megatron + Perseus' own profiles: {gpu_seconds / 3600:.2f} {_hours_label(ctx)}GPU-hours")
         if n_clocks < 2:
             console.print("note: the search space has one clock (search.space.freq_mhz), so Megatron + Perseus "
