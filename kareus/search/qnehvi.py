@@ -1,8 +1,9 @@
 """BoTorch qLogNEHVI over the exact candidate set: the strongest Bayesian-optimisation peer.
 
 An optional extra (``pip install torch==2.13.0 botorch``): independent GPs on log time and log total
-energy of the encoded candidates, q candidates per batch chosen by ``optimize_acqf_discrete``
-among the unmeasured ones. Without botorch it stops with a clear message.
+energy of the encoded candidates (failed settings at the worst measured values, as MBO fits them), q
+candidates per batch chosen by ``optimize_acqf_discrete`` among the unmeasured ones. Without botorch
+it stops with a clear message.
 """
 from __future__ import annotations
 
@@ -66,10 +67,13 @@ class QNEHVISearcher:
             if widened_at_random(run, pool, k, rng):  # nothing to fit the GPs to yet
                 continue
             timer = Timer()
-            ok = run.ok()
+            ok, failed = run.ok(), run.failed()
             obj = run.objectives(ok)
             Y = -np.log(obj[:, :2])  # BoTorch maximises
-            train_x = Xt[ok]
+            # failed settings enter the GPs at the worst measured values, as in MBO: left out, a region
+            # where everything fails stays predicted attractive and draws batch after batch
+            Y = np.vstack([Y, np.tile(Y.min(axis=0), (len(failed), 1))])
+            train_x = Xt[ok + failed]
             train_y = torch.tensor(Y, dtype=torch.double)
             models = [SingleTaskGP(train_x, train_y[:, j:j + 1], outcome_transform=Standardize(m=1))
                       for j in range(2)]
@@ -79,7 +83,7 @@ class QNEHVISearcher:
             lo, hi = Y.min(0), Y.max(0)
             ref = torch.tensor(lo - 0.1 * (hi - lo), dtype=torch.double)
             acq = qLogNoisyExpectedHypervolumeImprovement(
-                model=model, ref_point=ref, X_baseline=train_x, prune_baseline=True,
+                model=model, ref_point=ref, X_baseline=Xt[ok], prune_baseline=True,
                 sampler=SobolQMCNormalSampler(sample_shape=torch.Size([cfg.mc_samples]), seed=problem.seed))
             cand, _ = optimize_acqf_discrete(acq, q=k, choices=Xt[pool], unique=True)
             acq_s = timer.lap()
