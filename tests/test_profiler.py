@@ -385,6 +385,31 @@ def test_a_lock_that_held_on_some_gpus_resets_those(monkeypatch):
     assert [c for c in calls if isinstance(c, tuple)] == [("lock", "nvml0", 1005), ("reset", "nvml0")]
 
 
+def test_after_a_lock_that_failed_partway_the_old_clock_is_locked_again(monkeypatch):
+    """GPU 0 took 1005 MHz, GPU 1 refused it; the controller still held 1410 as its clock, so the next
+    candidate at 1410 locked nothing, and its windows ran with GPU 0 at 1005."""
+    calls: list = []
+    _fake_nvml(monkeypatch, calls)
+    fake = sys.modules["pynvml"]
+
+    def lock(h, lo, hi):
+        if h == "nvml1" and lo == 1005:
+            raise RuntimeError("NVMLError_Unknown")
+        calls.append(("lock", h, lo))
+
+    fake.nvmlDeviceSetGpuLockedClocks = lock
+    with FREQUENCY_CONTROLLERS.build("nvml", None, config={"devices": [0, 1]}) as ctl:
+        ctl.set(1410)
+        with pytest.raises(RuntimeError):
+            ctl.set(1005)
+        assert ctl.locked is None
+        ctl.set(1410)
+        assert ctl.locked == 1410
+    locks = [c for c in calls if isinstance(c, tuple) and c[0] == "lock"]
+    assert locks == [("lock", "nvml0", 1410), ("lock", "nvml1", 1410), ("lock", "nvml0", 1005),
+                     ("lock", "nvml0", 1410), ("lock", "nvml1", 1410)]
+
+
 def test_a_controller_that_never_locked_resets_nothing(monkeypatch):
     calls: list = []
     _denying_nvml(monkeypatch, calls)

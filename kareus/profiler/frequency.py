@@ -200,6 +200,8 @@ class DeviceLockController(FrequencyController):
         if self.backend is not None:
             self.backend.gpu.check_clock(mhz)  # before the hardware is touched
         self._guard.install()
+        self.locked = None  # until every device holds the new clock: a lock that fails partway leaves
+        # some at it, so the next set, even of the old clock, must lock them all again
         for i, device in enumerate(self._devices):
             try:
                 self._lock_device(device, int(mhz))
