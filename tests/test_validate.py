@@ -423,6 +423,9 @@ PROFILER_RULES = [
     ("profiler.repeats=0", "profiler.repeats: must be >= 1, got 0"),
     ("profiler.retries=-1", "profiler.retries: must be >= 0, got -1"),
     ("profiler.mad_threshold=0", "profiler.mad_threshold: must be > 0, got 0.0"),
+    # infinity passed every bound: a window of inf overflowed the search, a settle of inf never ended
+    ("profiler.target_window_s=inf", "profiler.target_window_s: must be a finite number > 0, got inf"),
+    ("profiler.settle_s=inf", "profiler.settle_s: must be a finite number >= 0, got inf"),
 ]
 
 
@@ -433,9 +436,15 @@ def test_profiler_rule(override, line):
 
 @pytest.mark.parametrize("groups,override,line", [
     ((), "profiler.cooldown.seconds=-1", "profiler.cooldown.seconds: must be >= 0, got -1.0"),  # fixed
+    ((), "profiler.cooldown.seconds=inf", "profiler.cooldown.seconds: must be a finite number >= 0, got inf"),
     (ALT1, "profiler.cooldown.poll_s=0", "profiler.cooldown.poll_s: must be > 0, got 0.0"),  # temperature
     (ALT2, "profiler.cooldown.delta_c=0", "profiler.cooldown.delta_c: must be > 0, got 0.0"),  # predictive
-], ids=["fixed", "temperature", "predictive"])
+    # a clock the GPU cannot lock: every anchor failed, and the policy dropped its correction silently
+    (("profiler/cooldown=thermal",), "profiler.cooldown.reference_mhz=1407",
+     "profiler.cooldown.reference_mhz: A100-SXM4-40GB has no locked clock 1407 MHz (210..1410 in 15 MHz steps)"),
+    (("profiler/cooldown=compensated",), "profiler.cooldown.probe_clocks=[1410,1001]",
+     "profiler.cooldown.probe_clocks: A100-SXM4-40GB has no locked clock 1001 MHz (210..1410 in 15 MHz steps)"),
+], ids=["fixed", "fixed-inf", "temperature", "predictive", "thermal-off-grid", "compensated-off-grid"])
 def test_cooldown_rule(groups, override, line):
     assert problems(*groups, override) == [line]
 

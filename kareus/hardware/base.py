@@ -42,8 +42,13 @@ class GPUSpec:
     def check_clock(self, mhz: int) -> None:
         """Raise ValueError, naming the GPU's range and step, unless ``mhz`` is a clock it can lock."""
         if not self.supports_clock(int(mhz)):
-            raise ValueError(f"{self.name} has no locked clock {mhz} MHz "
-                             f"({self.min_mhz}..{self.max_mhz} in {self.step_mhz} MHz steps)")
+            raise ValueError(self.clock_problem(mhz))
+
+    def clock_problem(self, mhz: int) -> str | None:
+        """Why ``mhz`` is no clock this GPU can lock (its range and step named), or None."""
+        if self.supports_clock(int(mhz)):
+            return None
+        return f"{self.name} has no locked clock {mhz} MHz ({self.min_mhz}..{self.max_mhz} in {self.step_mhz} MHz steps)"
 
 
 @runtime_checkable

@@ -39,8 +39,8 @@ class ProfilerConfig:
                             at_least_one=("calibration_runs", "max_executions", "repeats"))
         if self.min_window_s > self.target_window_s:
             out.append(f"profiler.min_window_s={self.min_window_s} exceeds target_window_s={self.target_window_s}")
-        out += _component_problems("profiler.cooldown", self.cooldown, "COOLDOWNS")
-        out += _component_problems("profiler.frequency", self.frequency, "FREQUENCY_CONTROLLERS")
+        out += _component_problems("profiler.cooldown", self.cooldown, "COOLDOWNS", ctx)
+        out += _component_problems("profiler.frequency", self.frequency, "FREQUENCY_CONTROLLERS", ctx)
         return out
 
 
@@ -61,7 +61,7 @@ def section(value: Any) -> dict[str, Any]:
     raise TypeError(f"expected a config section, got {type(value).__name__}")
 
 
-def _component_problems(where: str, value: Any, registry_name: str) -> list[str]:
+def _component_problems(where: str, value: Any, registry_name: str, ctx: Any = None) -> list[str]:
     import kareus.profiler  # noqa: F401  (registers the built-in policies and controllers)
     from kareus import registry
 
@@ -83,7 +83,7 @@ def _component_problems(where: str, value: Any, registry_name: str) -> list[str]
     except Exception as e:  # omegaconf validation errors: one line is enough
         return [f"{where}: {str(e).splitlines()[0]}"]
     check = getattr(cfg, "problems", None)
-    return [f"{where}.{p}" for p in check()] if callable(check) else []
+    return [f"{where}.{p}" for p in check(ctx)] if callable(check) else []
 
 
 register_schema("profiler", "default", ProfilerConfig)

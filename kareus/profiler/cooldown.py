@@ -206,7 +206,7 @@ class CompensatedCooldownConfig:
                             at_least_one=("cycles",))
         if self.probe_windows < 2:
             out.append(f"probe_windows={self.probe_windows} must be >= 2")
-        return out
+        return out + _clock_problems(ctx, "probe_clocks", self.probe_clocks)
 
 
 def _within_slope(groups: list[tuple[list[float], list[float]]]) -> float:
@@ -368,7 +368,16 @@ class ThermalCooldownConfig:
             out.append("hot_frac must be in (0, 1], target_rel_se and noise_floor > 0")
         if self.max_anchors < 2 or self.min_fit_windows < 3 or self.max_failed_anchors < 0:
             out.append("max_anchors >= 2, min_fit_windows >= 3 and max_failed_anchors >= 0 are required")
-        return out
+        return out + _clock_problems(ctx, "reference_mhz", [self.reference_mhz] if self.reference_mhz else [])
+
+
+def _clock_problems(ctx: Any, key: str, clocks: list[int]) -> list[str]:
+    """Clocks the GPU cannot lock: every probe or anchor at one would fail, and the policy would give
+    up its correction without a word (the run then pays neither a cooldown nor a correction)."""
+    gpu = getattr(ctx, "gpu", None)
+    if gpu is None:
+        return []
+    return [f"{key}: {why}" for mhz in clocks if (why := gpu.clock_problem(int(mhz)))]
 
 
 def window_mean(t0: float, t1: float, w: float, tau: float) -> float:
