@@ -111,6 +111,22 @@ def make(tmp_path, backend=None, events=None, **cfg):
     return prof, backend, journal, events
 
 
+def test_a_retried_windows_heat_correction_starts_from_the_gpu_the_failed_window_left(tmp_path):
+    """The failed window ran and heated the GPU; the correction was given the temperature from before
+    it, so it took too little heat out of the retried window."""
+    prof, be, _, _ = make(tmp_path)
+    starts: list[float] = []
+    prof.cooldown.excess_energy = lambda reading, start_c, idle_c: starts.append(start_c) or 0.0
+    c = cand()
+    be.script[c] = ["bad"]
+    temps: list[float] = []
+    measure = be.measure
+    be.measure = lambda p, k, w: temps.append(be.temperature()) or measure(p, k, w)
+    prof.evaluator(PART)([c], None)
+    assert len(temps) == 2 and temps[1] > temps[0] + 1.0  # the failed window heated the GPU
+    assert starts == [temps[1]]
+
+
 def test_protocol_locks_clock_sizes_window_and_journals(tmp_path):
     prof, be, journal, events = make(tmp_path)
     c = cand()

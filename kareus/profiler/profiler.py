@@ -283,8 +283,7 @@ class Profiler:
         for r in range(cfg.repeats):
             if r > 0 and cfg.cooldown_between_repeats:
                 self.cooldown.cool(self.backend)
-            start_c = self.backend.temperature()
-            reading, tries = self._read(read, window, seen)
+            reading, tries, start_c = self._read(read, window, seen)
             retried += tries - 1
             if reading is None:
                 why = seen[-1].error if seen and seen[-1].error else "invalid reading"
@@ -297,9 +296,14 @@ class Profiler:
                           if correct else 0.0)
         return self._aggregate(cand, good, retried, excess)
 
-    def _read(self, read: Callable[[float], Reading], window: float, seen: list[Reading]) -> tuple[Reading | None, int]:
-        """One window, retried up to ``retries`` times; a window too short is lengthened on retry."""
+    def _read(self, read: Callable[[float], Reading], window: float,
+              seen: list[Reading]) -> tuple[Reading | None, int, float]:
+        """One window, retried up to ``retries`` times; a window too short is lengthened on retry.
+        Returns the reading, the tries it took and the GPU's temperature when its window started: a
+        failed window that ran heated the GPU, and the heat correction must start from there."""
+        start_c = math.nan
         for attempt in range(self.cfg.retries + 1):
+            start_c = self.backend.temperature()
             try:
                 reading = read(window)
             except ReadError as e:
@@ -311,14 +315,14 @@ class Profiler:
                 raise _Crash(f"crash: {type(e).__name__}: {e}") from e
             problem = self._invalid(reading)
             if problem is None:
-                return reading, attempt + 1
+                return reading, attempt + 1, start_c
             if reading.ok:
                 reading = Reading(reading.time_s, reading.energy_j, reading.temperature_c, reading.freq_mhz,
                                   reading.window_s, reading.executions, False, problem)
             seen.append(reading)
             if "window" in problem:
                 window = max(window, self.cfg.min_window_s) * 2
-        return None, self.cfg.retries + 1
+        return None, self.cfg.retries + 1, start_c
 
     def _invalid(self, r: Reading) -> str | None:
         if not r.ok:
