@@ -137,6 +137,11 @@ class Profiler:
         self.cooldown.cool(self.backend)
         try:
             self._lock(cand.freq_mhz)
+            # a correcting cooldown policy fits (or loads) its thermal model and anchors here as before
+            # a partition's window: it waits for no heat to leave, so uncorrected back-to-back residual
+            # windows would carry it all
+            self._thermal_probe(lambda mhz, w: self.backend.measure_ops(ops, w), cand.freq_mhz)
+            self._anchor(cand)
             m = self._windows(cand, lambda w: self.backend.measure_ops(ops, w), self.cfg.target_window_s)
         except _Crash as e:
             m = Measurement.failure(cand, str(e))
@@ -212,7 +217,8 @@ class Profiler:
             per = median(times)
             if not math.isfinite(per) or per <= 0:
                 return Measurement.failure(cand, f"calibration: execution time {per!r}")
-            self._thermal_probe(partition, cand)
+            self._thermal_probe(lambda mhz, w: backend.measure(partition, replace(cand, freq_mhz=mhz), w),
+                                cand.freq_mhz)
             self._anchor(cand)
             n = min(max(1, math.ceil(cfg.target_window_s / per)), cfg.max_executions)
             window = max(n * per, cfg.min_window_s)
@@ -220,8 +226,10 @@ class Profiler:
         except _Crash as e:
             return Measurement.failure(cand, str(e))
 
-    def _thermal_probe(self, partition: PartitionType, cand: Candidate) -> None:
-        """Let a compensating cooldown policy fit its thermal model once (on the first candidate)."""
+    def _thermal_probe(self, measure_at: Callable[[int, float], Reading], clock: int) -> None:
+        """Let a compensating cooldown policy fit its thermal model once (on the first measurement),
+        running ``measure_at(mhz, window_s)`` (the work about to be measured: a GPU's leakage slope does
+        not depend on it); the clock is locked at ``clock`` again afterwards."""
         probe = getattr(self.cooldown, "calibrate", None)
         if probe is None or getattr(self.cooldown, "calibrated", True):
             return
@@ -234,12 +242,12 @@ class Profiler:
 
         def read_at(mhz: int, window_s: float) -> Reading:
             self._together(lambda: self.frequency.set(int(mhz)), "clock")
-            return self.backend.measure(partition, replace(cand, freq_mhz=int(mhz)), window_s)
+            return measure_at(int(mhz), window_s)
 
         try:
             probe(self.backend, read_at)
         finally:
-            self._lock(cand.freq_mhz)
+            self._lock(clock)
         if self.journal is not None:
             self.journal.set_meta(key, json.dumps(self.cooldown.state()))
 
