@@ -314,8 +314,9 @@ def test_a_sweep_job_refused_at_run_time_fails_alone_and_the_sweep_goes_on(tmp_p
     lines = [ln for ln in error_lines(res.stderr) if ln.startswith("error: ")]
     assert lines[0].startswith("error: job 0 (plan.deadline_s=1e-06): plan: no plan meets plan.deadline_s=1e-06 s")
     assert lines[-1] == "error: 1 of 2 sweep jobs were refused: job 0 (plan.deadline_s=1e-06)"
-    # the job's line and the summary, nothing from Hydra (progress is logged to stderr too)
-    assert len([ln for ln in error_lines(res.stderr) if "[kareus.progress]" not in ln]) == 2
+    # the job's line and the summary, nothing else: no error output from Hydra (progress and Hydra's own
+    # log lines, such as "Launching 2 jobs", go to stderr too)
+    assert len([ln for ln in error_lines(res.stderr) if "[kareus.progress]" not in ln and "][HYDRA] " not in ln]) == 2
     jobs = sorted((tmp_path / "runs" / "multirun").glob("*/*/[0-9]"))
     assert [j.name for j in jobs] == ["0", "1"]
     assert (jobs[1] / "plan_selected.yaml").is_file() and not (jobs[0] / "plan_selected.yaml").exists()
