@@ -48,7 +48,8 @@ class GPUSpec:
         """Why ``mhz`` is no clock this GPU can lock (its range and step named), or None."""
         if self.supports_clock(int(mhz)):
             return None
-        return f"{self.name} has no locked clock {mhz} MHz ({self.min_mhz}..{self.max_mhz} in {self.step_mhz} MHz steps)"
+        return (f"{self.name} has no locked clock {mhz} MHz "
+                f"({self.min_mhz}..{self.max_mhz} in {self.step_mhz} MHz steps)")
 
 
 @runtime_checkable

@@ -43,8 +43,9 @@ def space_sizes(ctx: RunContext, backend: Any, partitions: Sequence[PartitionTyp
         raise KareusError(str(err)) from None
     emptied = [k for k, n in sizes.items() if n == 0 and fixed[k]]
     if emptied:  # a generated space cannot be empty once validated; a recorded one can be filtered bare
-        raise KareusError(f"search.space: keeps none of the settings hardware={ctx.hardware_name} recorded for partition(s) "
-                          f"{', '.join(emptied)}; {_recorded_ranges([c for k in emptied for c in fixed[k]])}")
+        raise KareusError(f"search.space: keeps none of the settings hardware={ctx.hardware_name} recorded for "
+                          f"partition(s) {', '.join(emptied)}; "
+                          f"{_recorded_ranges([c for k in emptied for c in fixed[k]])}")
     return sizes
 
 
