@@ -426,6 +426,30 @@ def test_after_a_lock_that_failed_partway_the_old_clock_is_locked_again(monkeypa
                      ("lock", "nvml0", 1410), ("lock", "nvml1", 1410)]
 
 
+def test_a_candidate_whose_lock_failed_is_journaled_without_a_clock(tmp_path, monkeypatch):
+    """Its row carried the previous candidate's clock (1410 MHz for a 1005 MHz setting)."""
+    import sqlite3
+
+    calls: list = []
+    fake = _fake_nvml(monkeypatch, calls)
+
+    def lock(h, lo, hi):
+        if h == "nvml1" and lo == 1005:
+            raise RuntimeError("NVMLError_Unknown")
+
+    fake.nvmlDeviceSetGpuLockedClocks = lock
+    be = FakeBackend()
+    journal = Journal.open(tmp_path / "j.sqlite", "h1")
+    prof = Profiler(ProfilerConfig(), be, journal,
+                    frequency=FREQUENCY_CONTROLLERS.build("nvml", be, config={"devices": [0, 1]}))
+    with prof:
+        got = prof.evaluator(PART)([cand(f=1410), cand(sms=8, f=1005)], None)
+    assert not got[0].failed and got[1].failed
+    with sqlite3.connect(tmp_path / "j.sqlite") as con:
+        rows = dict(con.execute("SELECT freq_mhz, clock_mhz FROM measurements").fetchall())
+    assert rows == {1410: 1410, 1005: None}
+
+
 def test_a_controller_that_never_locked_resets_nothing(monkeypatch):
     calls: list = []
     _denying_nvml(monkeypatch, calls)

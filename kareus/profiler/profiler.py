@@ -378,7 +378,9 @@ class Profiler:
         except Exception:
             temp = None
         clock = getattr(self.frequency, "locked", None)
-        if clock is None:
+        # a controller that locks GPUs and holds no clock failed to lock this candidate's: the GPUs'
+        # clock is unknown, and the backend's would be the previous candidate's
+        if clock is None and not getattr(self.frequency, "locks_gpu", False):
             try:
                 clock = int(self.backend.clock())
             except Exception:
