@@ -120,11 +120,9 @@ def _remove_job_dir(run_dir: Path) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     run_dir = Path(os.path.abspath(run_dir))
-    made, cwd = _JOB.made, Path(os.path.abspath(HydraConfig.get().runtime.cwd))
-    if made is None or not run_dir.is_dir() or (run_dir != made and made not in run_dir.parents):
-        return
-    if run_dir == cwd or run_dir in cwd.parents:
-        return
+    cwd = Path(os.path.abspath(HydraConfig.get().runtime.cwd))
+    if not run_dir.is_dir() or run_dir == cwd or run_dir in cwd.parents:
+        return  # (whether this job made it, ``_remove_made`` checks)
     hydra_files = {".hydra", f"{HydraConfig.get().job.name}.log"}
     if not {p.name for p in run_dir.iterdir()} <= hydra_files:
         return
