@@ -174,6 +174,17 @@ def test_describe_lists_the_slots_the_search_keeps(tmp_path):
     assert "│          160 │" in rows[0]  # 2 slots x the default SM counts and clocks
 
 
+def test_an_initial_design_that_fills_a_partitions_budget_is_named_before_the_search(tmp_path):
+    """With budget_frac each partition has its own budget, so search.initial above one of them is no
+    config error; it was capped silently, and the search there guided no batch."""
+    tiny = ("+model=tiny", "parallel=pp1_tp2", "mode=describe", "search.initial=30")
+    res = kareus(tmp_path, *tiny)
+    [note] = [ln for ln in res.stdout.splitlines() if ln.startswith("note: search.initial")]
+    assert res.returncode == 0 and "(24 profiles) of fwd_trail, bwd_trail: mbo guides no batch" in note, note
+    unguided = kareus(tmp_path, *tiny, "search=random")  # random guides nothing anyway
+    assert unguided.returncode == 0 and "note: search.initial" not in unguided.stdout
+
+
 def test_help_names_kareus_not_the_module():
     res = kareus(Path.cwd(), "--help")
     assert res.returncode == 0, res.stderr

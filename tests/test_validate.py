@@ -315,6 +315,13 @@ def test_search_shares_of_chosen_passes_must_not_be_all_zero():
         "search.shares: the chosen passes' shares sum to 0"]
 
 
+def test_initial_design_must_fit_a_counted_budget():
+    """It was capped silently: every partition's budget went to the initial design, none was guided."""
+    assert problems("search.budget=10", "search.initial=20") == [
+        "search.initial: must be <= search.budget (10), as the initial design counts against it; got 20"]
+    assert problems("search.budget=10", "search.initial=10") == []
+
+
 @pytest.mark.parametrize("groups", [ALT1, ALT2], ids=["artifact", "random"])
 def test_every_searcher_checks_its_budget(groups):
     assert problems(*groups, "search.budget=-3") == ["search.budget: must be > 0, got -3"]

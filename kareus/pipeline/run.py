@@ -47,6 +47,7 @@ def _describe(ctx: RunContext, console: Console) -> dict[str, Any]:
 
     with opened_backend(ctx) as backend:
         sizes = space_sizes(ctx, backend, partition_types(ctx, backend))
+    _note_initial(console, ctx, sizes)
     if ctx.workload is not None and ctx.partitioning is not None:
         space = ctx.typed["search"].space
         describe(console, ctx.workload, ctx.partitioning, sizes,
@@ -73,6 +74,7 @@ def _search_and_plan_on(ctx: RunContext, console: Console, compose: bool, backen
 
     partitions = partition_types(ctx, backend)
     sizes = space_sizes(ctx, backend, partitions)
+    _note_initial(console, ctx, sizes)
     tracker = Tracker(ctx.typed["tracking"])
     hctx = hydra_context()
     if ctx.model is None and hctx:  # a replayed table's own partitions: no layout plays a part in them
@@ -113,6 +115,19 @@ def _search_and_plan_on(ctx: RunContext, console: Console, compose: bool, backen
     _write_summary(ctx, summary)
     console.print(f"run directory: {ctx.run_dir}")  # where resume= and the frontiers point
     return summary
+
+
+def _note_initial(console: Console, ctx: RunContext, sizes: dict[str, int]) -> None:
+    """Say before the searches start where ``search.initial`` takes a partition's whole budget."""
+    from kareus.search.config import budget_for, initial_fills_budget
+
+    cfg = ctx.typed["search"]
+    full = initial_fills_budget(cfg, sizes)
+    if full:
+        budgets = sorted({budget_for(cfg, sizes[k]) for k in full})
+        console.print(f"note: search.initial={cfg.initial} takes the whole budget ({', '.join(map(str, budgets))} "
+                      f"profiles) of {', '.join(full)}: {cfg.name} guides no batch there; lower search.initial "
+                      f"or raise the budget")
 
 
 def _write_summary(ctx: RunContext, summary: dict[str, Any]) -> None:

@@ -195,6 +195,15 @@ def budget_for(cfg: SearcherConfig, space_size: int) -> int:
     return max(1, min(int(n), space_size))
 
 
+def initial_fills_budget(cfg: SearcherConfig, sizes: dict[str, int]) -> list[str]:
+    """Partitions (of ``sizes``: key -> space size) where a set ``search.initial`` takes the whole
+    budget, so a guided searcher never guides. With ``budget_frac`` the budget differs per partition,
+    so this is a note for the run to print, not a config error."""
+    if cfg.initial is None or isinstance(cfg, (ExhaustiveConfig, RandomConfig)):
+        return []
+    return [key for key, n in sizes.items() if budget_for(cfg, n) <= cfg.initial]
+
+
 INITIAL_CAP = 32  # the default initial design's largest size, whatever a searcher's batch size
 
 
@@ -218,6 +227,9 @@ def config_problems(cfg: SearcherConfig) -> list[str]:
         value = getattr(cfg, key)
         if value is not None and value <= 0:
             out.append(f"search.{key}: must be > 0, got {value}")
+    if cfg.budget is not None and cfg.initial is not None and 0 < cfg.budget < cfg.initial:
+        out.append(f"search.initial: must be <= search.budget ({cfg.budget}), as the initial design counts "
+                   f"against it; got {cfg.initial}")
     if isinstance(cfg, MBOConfig):
         out += _mbo_problems(cfg)
     if isinstance(cfg, ArtifactConfig):
