@@ -216,6 +216,15 @@ def test_an_error_inside_a_users_yaml_names_the_key_and_the_file(tmp_path, body,
     assert got.startswith(line) and got.endswith("(in model/mine)"), got
 
 
+def test_a_bare_value_for_a_list_in_a_users_yaml_is_told_in_yaml(tmp_path):
+    """The fix named was the command line's ``search.passes=[total]``, which is no YAML."""
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "mine.yaml").write_text("# @package _global_\nsearch:\n  passes: total\n")
+    [got] = override_problems(["--config-dir", str(tmp_path), "+model=tiny", "+experiment=mine"])
+    assert got.startswith("search.passes: expects a list, got 'total'; write passes: [total]; allowed items: ")
+    assert got.endswith("(in experiment/mine)"), got
+
+
 @pytest.mark.parametrize("args, first", [
     (["--config-dir", "no_such_conf", "+model=qwen1.7b"], "error: --config-dir: "),
     (["+model=qwen1.7b", "search=null"], "error: search=null: a config group needs an option"),

@@ -93,19 +93,21 @@ def _message(err: Exception) -> str:
             value, allowed = text.split(", expected one of [", 1)
             text = f"{value.replace('Invalid value', 'invalid value')}; allowed: {allowed.rstrip(']')}"
         elif "is not a ListConfig" in text:
-            text = _list_expected(cause)
+            text = _list_expected(cause, in_file=bool(where))
         return f"{cause.full_key}: {text}{source}"
     return _with_hint(str(err))
 
 
-def _list_expected(cause: Any) -> str:
-    """A bare value given to a list key: say so, how to write it, and what an item may be."""
+def _list_expected(cause: Any, in_file: bool = False) -> str:
+    """A bare value given to a list key: say so, how to write it (as an override, or in a YAML file
+    when ``in_file``), and what an item may be."""
     node = cause.parent_node._get_node(cause.key) if cause.parent_node is not None else None
     item = getattr(getattr(node, "_metadata", None), "element_type", None)
     enum = isinstance(item, type) and issubclass(item, Enum)
     allowed = f"; allowed items: {', '.join(str(m.value) for m in item)}" if enum else ""
     value = getattr(cause, "value", None)
-    return f"expects a list, got '{value}'; write {cause.full_key}=[{value}]{allowed}"
+    fix = f"{cause.key}: [{value}]" if in_file else f"{cause.full_key}=[{value}]"
+    return f"expects a list, got '{value}'; write {fix}{allowed}"
 
 
 def override_problems(argv: Sequence[str], check: JobCheck | None = None) -> list[str]:
