@@ -3,7 +3,7 @@
 Importing this package registers the schedules (``1f1b``) and the composers (``kareus``, ``perseus``).
 """
 from kareus.compose.iteration import (
-    Assignment, CostModel, IterationFrontier, critical_path, fixed_option_iteration,
+    Assignment, CostModel, IterationFrontier, critical_path, fixed_option_frontier, fixed_option_iteration,
 )
 from kareus.compose.lp import KareusComposer, KareusComposerConfig
 from kareus.compose.microbatch import InstructionOption, compose_instruction, minkowski_pareto
@@ -13,5 +13,6 @@ from kareus.compose.schedule import Instr, PipelineDAG, Synchronous1F1B, pipelin
 __all__ = [
     "Assignment", "CostModel", "Instr", "InstructionOption", "IterationFrontier", "KareusComposer",
     "KareusComposerConfig", "PerseusComposer", "PerseusComposerConfig", "PipelineDAG", "Synchronous1F1B",
-    "compose_instruction", "critical_path", "fixed_option_iteration", "minkowski_pareto", "pipeline_dag",
+    "compose_instruction", "critical_path", "fixed_option_frontier", "fixed_option_iteration", "minkowski_pareto",
+    "pipeline_dag",
 ]

@@ -124,9 +124,18 @@ def fixed_option_iteration(dag: PipelineDAG, options: Mapping[OptionKey, Instruc
 
     Used for the Megatron reference point (sequential, top clock, default comm SMs) and plan checks.
     """
+    return fixed_option_frontier(dag, options, static_power_w, gpus_per_stage, num_stages,
+                                 clock_switch_s).assignments()[0]
+
+
+def fixed_option_frontier(dag: PipelineDAG, options: Mapping[OptionKey, InstructionOption], static_power_w: float,
+                          gpus_per_stage: int, num_stages: int, clock_switch_s: float = 0.0,
+                          composer: str = "fixed") -> "IterationFrontier":
+    """The one plan of :func:`fixed_option_iteration` as a frontier of one point, to be joined into a
+    composed frontier (:meth:`IterationFrontier.joined`) that must hold it."""
     model = CostModel(dag, {k: [o] for k, o in options.items()}, static_power_w, gpus_per_stage, num_stages,
                       clock_switch_s)
-    return model.assess((0,) * len(dag))
+    return IterationFrontier.from_assignments([model.assess((0,) * len(dag))], model, composer)
 
 
 @dataclass(frozen=True)

@@ -139,7 +139,7 @@ def _options(work: Any, measurements: Mapping[str, Sequence[Measurement]],
 def compose(ctx: RunContext, results: Sequence[SearchResult], fixed: FixedWork) -> Composition:
     """Instruction options per (stage, direction), the iteration frontier, Megatron's point and
     (``fixed.perseus``) the Megatron + Perseus frontier."""
-    from kareus.compose import fixed_option_iteration
+    from kareus.compose import fixed_option_frontier
 
     assert ctx.partitioning is not None
     measured = {r.partition: [m for m in r.measurements if not m.failed] for r in results}
@@ -172,7 +172,8 @@ def compose(ctx: RunContext, results: Sequence[SearchResult], fixed: FixedWork) 
     P = float(ctx.gpu.static_power_w)
     composer = COMPOSERS.build(str(ctx.cfg.compose.name), config=ctx.typed["compose"])
     switch_s = float(ctx.gpu.clock_switch_s)
-    ref_point = fixed_option_iteration(dag, ref_options, P, gpus_per_stage, p.pp, switch_s)
+    reference = fixed_option_frontier(dag, ref_options, P, gpus_per_stage, p.pp, switch_s, "Megatron's reference")
+    ref_point = reference.assignments()[0]
     # the times plans are asked for get solves of their own: the user's deadline, Megatron's time and
     # (below) each Perseus point's, so plan selection and the equal-time comparison are exact there;
     # Perseus gets the same solves at the user's deadline and Megatron's time, or the saving quoted
@@ -190,4 +191,7 @@ def compose(ctx: RunContext, results: Sequence[SearchResult], fixed: FixedWork) 
         # Perseus' plans are Kareus plans too: its points join the frontier, their choices index its options
         perseus = perseus.in_options_of(frontier.model)
         frontier = frontier.joined(perseus)
+    # so is Megatron's reference: a composer is a heuristic and may miss it and every plan that beats
+    # it; Perseus' sweep holds it, but that is optional (plan.compare_perseus)
+    frontier = frontier.joined(reference)
     return Composition(options, ref_options, frontier, dag, ref_point, fixed.residual_measurements, perseus)
