@@ -307,6 +307,21 @@ def test_an_asked_deadline_is_met_with_clock_switches_priced():
     assert least_within(asked) < least_within(plain) - 1e-9
 
 
+def test_an_asked_deadline_keeps_being_solved_while_the_lp_rounds_to_known_late_plans():
+    """The LP's second try, asked for less, rounded to plans an earlier solve had found, none in time;
+    counting new plans only, that read as nothing left to try, and the asked time got no plan of its own."""
+    from kareus.compose.synthetic import synthetic_options
+
+    dag, opts = pipeline_dag("1f1b", 2, 4), synthetic_options(2, seed=3, clocks=(1200, 1410, 30))
+    deadline = 0.5896284988747418  # between two of the plain sweep's points
+
+    def least_within(asked: list[float]) -> float:
+        f = KareusComposer().compose(dag, opts, 80.0, 2, 2, deadlines=asked, clock_switch_s=0.003)
+        return min(e for t, e in zip(f.times, f.energies) if t <= deadline)
+
+    assert least_within([deadline]) < least_within([]) - 1e-9
+
+
 def test_reverse_reclaim_never_lengthens_the_iteration_with_switches_priced():
     """Adding a switch before the stage's next instruction must leave room for all its other
     predecessors, placed or not: F1 of stage 0 (not yet placed when B0 of stage 1 is) would

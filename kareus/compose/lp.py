@@ -190,20 +190,22 @@ class _Sweep:
         self.lp = _LP(dag, self.node_tab, model.static_power_w, model.gpus_per_stage, model.num_stages)
         self.found: list[tuple[int, ...]] = []  # choices this sweep added
 
-    def add(self, pos: np.ndarray) -> None:
+    def add(self, pos: np.ndarray) -> tuple[int, ...]:
+        """Price ``pos`` into ``results`` unless an earlier solve found it; its choice either way."""
         choice = tuple(int(tb.idx[p]) for tb, p in zip(self.node_tab, pos))
         if choice in self.seen:
-            return
+            return choice
         self.seen.add(choice)
         self.found.append(choice)
         d = np.array([tb.t[p] for tb, p in zip(self.node_tab, pos)])
         e = np.array([tb.e[p] for tb, p in zip(self.node_tab, pos)])
         self.results.append(self.model.assess_arrays(choice, d, e))
+        return choice
 
-    def reclaimed(self, pos: np.ndarray, deadline: float | None) -> None:
+    def reclaimed(self, pos: np.ndarray, deadline: float | None) -> list[tuple[int, ...]]:
         """``pos``, and ``pos`` with its slack reclaimed: keeping its iteration end, or (with a
-        deadline) using the slack up to it."""
-        self.add(pos)
+        deadline) using the slack up to it. The choices of every plan reached, found before or not."""
+        reached = [self.add(pos)]
         for target, reclaim in itertools.product((None,) if deadline is None else (None, deadline),
                                                  (_reclaim, _reclaim_forward)):
             cur = pos
@@ -212,31 +214,31 @@ class _Sweep:
                 if np.array_equal(new, cur):
                     break
                 cur = new
-                self.add(cur)
+                reached.append(self.add(cur))
+        return reached
 
-    def solve_at(self, deadline: float, lp_deadline: float | None = None) -> None:
+    def solve_at(self, deadline: float, lp_deadline: float | None = None) -> list[tuple[int, ...]]:
         """The relaxed optimum at ``lp_deadline`` (default: ``deadline``), rounded to options and its
-        slack reclaimed up to ``deadline``."""
+        slack reclaimed up to ``deadline``; the choices of the plans it reached ([] if infeasible)."""
         sol = self.lp.solve(deadline if lp_deadline is None else lp_deadline)
         if sol is None:
-            return
+            return []
         roundings = [_round(self.node_tab, sol[0], nearest=False)]
         if self.config.nearest_rounding:
             roundings.append(_round(self.node_tab, sol[0], nearest=True))
-        for pos in roundings:
-            self.reclaimed(pos, deadline)
+        return [c for pos in roundings for c in self.reclaimed(pos, deadline)]
 
     def meet(self, deadline: float) -> None:
         """A solve for an asked time; with switches priced, the LP (which does not see them) is asked
-        again for less, by what the priced plans overshot, until one meets the time."""
+        again for less, by what the priced plans overshot, until one meets the time. Plans an earlier
+        solve found count too: a lower LP deadline that rounds to known plans, none in time, goes lower."""
         lp_deadline = deadline
         for _ in range(1 if self.sw is None else MEET_TRIES):
-            first = len(self.results)
-            self.solve_at(deadline, lp_deadline)
-            new = [a.time_s for a in self.results[first:]]
-            if not new or any(within_limit(t, deadline) for t in new):
+            reached = set(self.solve_at(deadline, lp_deadline))
+            times = [a.time_s for a in self.results if a.choice in reached]
+            if not times or any(within_limit(t, deadline) for t in times):
                 return
-            lp_deadline -= min(new) - deadline
+            lp_deadline -= min(times) - deadline
             if lp_deadline <= self.t_fast:
                 return
 
