@@ -342,6 +342,54 @@ def test_an_exit_while_recording_closes_the_run_as_killed(store, client):
     assert runs and {r.info.status for r in runs} == {"KILLED"}
 
 
+def test_a_partition_whose_every_candidate_failed_records_its_empty_frontier(store, client):
+    """The run directory writes a header-only frontiers/partition_<key>.csv; MLflow left it out."""
+    from kareus.events import CandidateMeasured, SearchFinished
+    from kareus.types import Measurement
+
+    tracker = Tracker(TrackingConfig(), base=store)
+    tracker.start(RESOLVED, CHOICES, [])
+    listener = tracker.partition_listener_factory("fwd_attn")()
+    started, *measured = [e for e in search_events("fwd_attn", n=3, batch=4, failed_at=None)
+                          if type(e).__name__ in ("SearchStarted", "CandidateMeasured")]
+    listener(started)
+    for e in measured:
+        listener(CandidateMeasured("fwd_attn", e.index, Measurement.failure(e.measurement.candidate, "timeout")))
+    listener(SearchFinished("fwd_attn", Frontier([]), 3, 3, 0.75, 0.0))
+    tracker.end()
+    assert listener.errors == 0
+    assert _text(client, listener.run_id, "frontier.csv").splitlines() == ["rank,time_s,energy_j,objective"]
+    assert json.loads(_text(client, listener.run_id, "frontier.json"))["data"] == []
+
+
+@pytest.mark.parametrize("raised, status", [(RuntimeError("backend crashed"), "FAILED"), (SystemExit(143), "KILLED")],
+                         ids=["error", "signal"])
+def test_a_partition_search_that_raises_ends_failed_and_one_stopped_by_a_signal_killed(store, client, monkeypatch,
+                                                                                         raised, status):
+    """Every error left the partition's run KILLED, which the README keeps for Ctrl-C and SIGTERM: a
+    filter on FAILED missed the search that failed."""
+    import kareus.launch.task as task_mod
+
+    def crash(task, backend, bus):
+        bus.emit(search_events("fwd_attn")[0])
+        raise raised
+
+    monkeypatch.setattr(task_mod, "_search", crash)
+    tracker = Tracker(TrackingConfig(), base=store)
+    with pytest.raises(type(raised)):
+        with tracker:
+            run_id = tracker.start(RESOLVED, CHOICES, [])
+
+            class Task:  # what run_search_task reads before the search
+                hardware, seed = {"name": "sim"}, 0
+                listener_factories = [tracker.partition_listener_factory("fwd_attn")]
+
+            task_mod.run_search_task(Task())
+    [part] = client.search_runs([client.get_run(run_id).info.experiment_id],
+                                filter_string=f"tags.`mlflow.parentRunId` = '{run_id}'")
+    assert part.info.status == status
+
+
 def test_empty_uri_is_refused_and_a_dead_server_is_named_at_once():
     import socket
     import threading

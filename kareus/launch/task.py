@@ -60,21 +60,25 @@ def run_search_task(task: PartitionSearchTask, listeners: Sequence[Callable[[Any
         bus.subscribe(listener)
 
     hw = dict(task.hardware)
+    ended = "KILLED"  # what a listener's run ends as if the search stops unfinished: Ctrl-C, SIGTERM
     try:
         backend = HARDWARE.build(hw["name"], config=hw, seed=task.seed)
         try:
             return _search(task, backend, bus)
         finally:
             _close(backend)  # a real GPU backend's NCCL communicators hold GPU memory and threads
+    except Exception:
+        ended = "FAILED"  # an error, not a signal: MLflow's FAILED filter must find it
+        raise
     finally:
         for listener in made:
-            _close(listener)
+            _close(listener, ended)
 
 
-def _close(obj: Any) -> None:
+def _close(obj: Any, *status: str) -> None:
     close = getattr(obj, "close", None)
     if callable(close):
-        close()
+        close(*status)
 
 
 def thermal_device(task: PartitionSearchTask, backend: Any) -> str:

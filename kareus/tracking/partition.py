@@ -172,10 +172,9 @@ class PartitionRunListener:
                    "frontier_points": len(ev.frontier)}, step=ev.profiled)
         run_id = self._ensure_run()
         self._write_candidates(table=True)
-        frontier_rows = records.frontier_rows(ev.frontier)
-        if frontier_rows:
-            retry(self.client.log_text, run_id, records.to_csv(frontier_rows), "frontier.csv")
-            retry(self.client.log_table, run_id, records.to_table(frontier_rows), "frontier.json")
+        text, table = records.frontier_artifacts(ev.frontier)
+        retry(self.client.log_text, run_id, text, "frontier.csv")
+        retry(self.client.log_table, run_id, table, "frontier.json")
         if self.spec.plots:
             self._plots(ev)
         retry(self.client.set_terminated, run_id, "FINISHED")

@@ -169,8 +169,20 @@ def frontier_rows(frontier: Frontier) -> list[dict[str, Any]]:
     return rows
 
 
-def columns(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Union of the rows' keys in order of first appearance."""
+FRONTIER_HEADER = ("rank", "time_s", "energy_j", "objective")  # an empty frontier's columns
+
+
+def frontier_artifacts(frontier: Frontier) -> tuple[str, dict[str, list[Any]]]:
+    """The frontier as CSV text and as an MLflow table; an empty one (every candidate failed) as a
+    header alone, so that it is recorded as the run directory records it, not left out."""
+    rows = frontier_rows(frontier)
+    return to_csv(rows, FRONTIER_HEADER), to_table(rows, FRONTIER_HEADER)
+
+
+def columns(rows: Sequence[Mapping[str, Any]], header: Sequence[str] = ()) -> list[str]:
+    """Union of the rows' keys in order of first appearance; ``header`` when there are no rows."""
+    if not rows:
+        return list(header)
     seen: dict[str, None] = {}
     for row in rows:
         for key in row:
@@ -178,18 +190,18 @@ def columns(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     return list(seen)
 
 
-def to_csv(rows: Sequence[Mapping[str, Any]]) -> str:
+def to_csv(rows: Sequence[Mapping[str, Any]], header: Sequence[str] = ()) -> str:
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=columns(rows), lineterminator="\n")
+    writer = csv.DictWriter(buf, fieldnames=columns(rows, header), lineterminator="\n")
     writer.writeheader()
     for row in rows:
         writer.writerow({k: scalar(v) for k, v in row.items()})
     return buf.getvalue()
 
 
-def to_table(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:
+def to_table(rows: Sequence[Mapping[str, Any]], header: Sequence[str] = ()) -> dict[str, list[Any]]:
     """Column-wise dict for ``MlflowClient.log_table``; NaN becomes None (JSON has no NaN)."""
-    cols = columns(rows)
+    cols = columns(rows, header)
     table: dict[str, list[Any]] = {c: [] for c in cols}
     for row in rows:
         for c in cols:

@@ -307,11 +307,9 @@ class Tracker:
 
     # ---- helpers --------------------------------------------------------------------------
     def _log_frontier(self, frontier: Frontier, stem: str) -> None:
-        rows = records.frontier_rows(frontier)
-        if not rows:
-            return
-        retry(self._client.log_text, self.run_id, records.to_csv(rows), f"{stem}.csv")
-        retry(self._client.log_table, self.run_id, records.to_table(rows), f"{stem}.json")
+        text, table = records.frontier_artifacts(frontier)
+        retry(self._client.log_text, self.run_id, text, f"{stem}.csv")
+        retry(self._client.log_table, self.run_id, table, f"{stem}.json")
 
     def _log_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None:
         from mlflow.entities import Metric
