@@ -74,6 +74,10 @@ def test_clock_and_unknown_configurations(tmp_path):
     (HEADER + "p,sequential,4,1410,0.004,1.0,0\np,norm_0,4,1410,0.003,0.9,0\np,norm_0,8,1410,-0.003,0.9,0\n",
      4, "negative"),
     (HEADER + "p,sequential,4,1410,0.004,1.0,0\np,sequential,4,1410,0.0041,1.0,0\n", 3, "duplicate"),
+    # a key naming a folder crashed the run's output step after every search had finished
+    (HEADER + "p,sequential,4,1410,0.004,1.0,0\nfwd/attn,sequential,4,1410,0.004,1.0,0\n", 3,
+     "partition 'fwd/attn' may hold letters, digits, '_', '-' and '.' only"),
+    (HEADER + "..,sequential,4,1410,0.004,1.0,0\n", 2, "partition '..' may hold"),
 ])
 def test_malformed_tables_are_rejected_with_the_line(tmp_path, text, line, what):
     path = write(tmp_path, text)
