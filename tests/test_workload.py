@@ -250,6 +250,30 @@ def test_kernel_shapes_are_carried_for_the_runtime():
     assert ops["attention"].flops == pytest.approx(4.0 * b * heads * d * seq * seq / 2)
 
 
+def test_a_gelu_layernorm_model_gets_its_own_mlp_and_norms():
+    """``model.activation=gelu`` and ``model.norm=layernorm`` were accepted and ignored: the graph built
+    SwiGLU's double-width FC1 (MLP GEMMs 1.5x too many FLOPs) and RMSNorm whatever the config said."""
+    from dataclasses import replace
+
+    from kareus.partition.slots import slot_group
+    from kareus.workload.memory import layer_parameters
+
+    gpt = replace(LLAMA, activation="gelu", norm="layernorm")
+    w, base = build_workload(gpt, TP8).stage(0), build_workload(LLAMA, TP8).stage(0)
+    fwd, bfwd = ops_by_name(w.layer_fwd), ops_by_name(base.layer_fwd)
+    bwd, bbwd = ops_by_name(w.layer_bwd), ops_by_name(base.layer_bwd)
+    assert fwd["fc1"].flops == pytest.approx(bfwd["fc1"].flops / 2)
+    assert bwd["fc1_dgrad"].flops == pytest.approx(bbwd["fc1_dgrad"].flops / 2)
+    assert "gelu" in fwd and "gelu_bwd" in bwd and "swiglu" not in fwd and "swiglu_bwd" not in bwd
+    assert slot_group(fwd["gelu"]) == slot_group(bfwd["swiglu"]) == "activation"
+    assert fwd["gelu"].bytes == pytest.approx(bfwd["swiglu"].bytes * 2 / 3)  # in and out, not gate, up and out
+    for name, ops, ref in (("input_norm", fwd, bfwd), ("input_norm_bwd", bwd, bbwd)):
+        assert ops[name].flops > ref[name].flops and ops[name].bytes == ref[name].bytes  # the mean besides
+    h, ffn = LLAMA.hidden_size, LLAMA.ffn_hidden_size
+    (split, replicated), (bsplit, breplicated) = layer_parameters(gpt), layer_parameters(LLAMA)
+    assert bsplit - split == h * ffn and replicated == 2 * breplicated  # one MLP matrix less; biases
+
+
 def test_parameters_per_gpu_add_up_to_the_published_model_sizes():
     """Llama-3.2-3B has 3.21 B parameters (tied embeddings), Llama-3.1-8B 8.03 B (untied); split over
     tp and pp, each GPU holds its share, and an embedding tied across stages is held twice."""

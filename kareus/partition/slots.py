@@ -9,6 +9,7 @@ own slot. Labels are ``<group>_<index>`` counted per group: ``norm_0``, ``linear
 from __future__ import annotations
 
 from kareus.types import Op, OpKind, Slot
+from kareus.workload.ops import ACTIVATIONS
 
 MEMORY_GROUPS = frozenset({"norm", "rope", "activation", "elementwise"})
 
@@ -23,7 +24,7 @@ def slot_group(op: Op) -> str:
         return "rope"
     if op.kind is OpKind.NORM or "bda" in op.name:
         return "norm"
-    if op.name.startswith("swiglu"):
+    if op.name.removesuffix("_bwd") in ACTIVATIONS:
         return "activation"
     if op.kind is OpKind.COMM:
         raise ValueError(f"comm op {op.name!r} inside a compute chain")

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from kareus.types import Collective, Direction, Link, ModelSpec, Op, OpKind, ParallelSpec
 from kareus.workload.layer import layer_backward, layer_forward
-from kareus.workload.ops import comm, gemm, memory
+from kareus.workload.ops import NORM_FLOPS, comm, gemm, memory
 from kareus.workload.shapes import BYTES, Shard, make_shard
 
 GPUS_PER_NODE = 8
@@ -143,10 +143,11 @@ def _cross_entropy(s: Shard, fused: bool, tp_link: Link) -> tuple[list[Op], Op]:
     return fwd, memory("cross_entropy_bwd", OpKind.ELEMENTWISE, T * V, 2, 7)
 
 
-def _output(s: Shard, sp: bool, tp_link: Link, fused_loss: bool = False) -> tuple[tuple[Op, ...], tuple[Op, ...]]:
+def _output(s: Shard, sp: bool, tp_link: Link, fused_loss: bool = False,
+            norm: str = "rmsnorm") -> tuple[tuple[Op, ...], tuple[Op, ...]]:
     """Final norm, vocab-parallel output GEMM and cross-entropy (forward, backward)."""
     T, Ts, h, V = s.tokens, s.sp_tokens, s.hidden, s.vocab_local
-    fwd: list[Op] = [memory("final_norm", OpKind.NORM, Ts * h, 4, 2)]
+    fwd: list[Op] = [memory("final_norm", OpKind.NORM, Ts * h, NORM_FLOPS[norm][0], 2)]
     if s.tp > 1 and sp:
         fwd.append(comm("output_allgather", Collective.ALL_GATHER, Ts * h * BYTES, s.tp, tp_link))
     fwd.append(gemm("output", T, h, V))
@@ -161,7 +162,7 @@ def _output(s: Shard, sp: bool, tp_link: Link, fused_loss: bool = False) -> tupl
             bwd.append(comm("output_reducescatter_bwd", Collective.REDUCE_SCATTER, Ts * h * BYTES, s.tp, tp_link))
         else:
             bwd.append(comm("output_allreduce_bwd", Collective.ALL_REDUCE, T * h * BYTES, s.tp, tp_link))
-    bwd.append(memory("final_norm_bwd", OpKind.NORM, Ts * h, 8, 3))
+    bwd.append(memory("final_norm_bwd", OpKind.NORM, Ts * h, NORM_FLOPS[norm][1], 3))
     return tuple(fwd), tuple(bwd)
 
 
@@ -173,7 +174,7 @@ def build_workload(model: ModelSpec, parallel: ParallelSpec, gpus_per_node: int 
     lf = layer_forward(model, s, sp, tp_link, cp_link)
     lb = layer_backward(model, s, sp, tp_link, cp_link)
     emb_f, emb_b = _embedding(s, sp, tp_link)
-    out_f, out_b = _output(s, sp, tp_link, parallel.cross_entropy_fusion)
+    out_f, out_b = _output(s, sp, tp_link, parallel.cross_entropy_fusion, model.norm)
     act = s.sp_tokens * s.hidden * BYTES  # the activation crossing a stage boundary
     split = parallel.layers_per_stage(model.num_layers)
     stages = []

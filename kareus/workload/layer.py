@@ -1,10 +1,10 @@
 """One transformer layer's forward and backward kernels, in the order Megatron-core launches them.
 
-Forward: input RMSNorm, QKV GEMM (column-parallel), [qk-norm], rotary, [CP all-gather of K/V],
+Forward: input norm, QKV GEMM (column-parallel), [qk-norm], rotary, [CP all-gather of K/V],
 causal flash attention, output projection (row-parallel), [TP all-reduce | reduce-scatter under SP],
-bias-dropout-add, pre-MLP RMSNorm, FC1 (SwiGLU: 2*ffn wide, column-parallel), SwiGLU, FC2
-(row-parallel), [TP all-reduce | reduce-scatter], bias-dropout-add. Under sequence parallelism an
-all-gather precedes each column-parallel GEMM.
+bias-dropout-add, pre-MLP norm, FC1 (column-parallel; SwiGLU: 2*ffn wide, GELU: ffn), the activation,
+FC2 (row-parallel), [TP all-reduce | reduce-scatter], bias-dropout-add. Under sequence parallelism an
+all-gather precedes each column-parallel GEMM. The norms are RMSNorm or LayerNorm (``model.norm``).
 
 Backward runs the reverse; each GEMM becomes dgrad then wgrad, and the column-parallel input gradient
 is all-reduced (reduce-scattered under SP) after both. Context parallelism (all-gather flavour, as
@@ -19,7 +19,7 @@ wgrad (partition.sequential.megatron_slot).
 from __future__ import annotations
 
 from kareus.types import Collective, Link, ModelSpec, Op, OpKind
-from kareus.workload.ops import comm, gemm, memory
+from kareus.workload.ops import ACTIVATIONS, NORM_FLOPS, comm, gemm, memory, mlp_width
 from kareus.workload.shapes import BYTES, Shard
 
 ATTENTION_BWD_FACTOR = 2.5  # flash attention backward: 5 matmuls against the forward's 2
@@ -55,7 +55,9 @@ def attention_flops(s: Shard) -> float:
 def layer_forward(model: ModelSpec, s: Shard, sp: bool, tp_link: Link, cp_link: Link) -> tuple[Op, ...]:
     T, Ts, h = s.tokens, s.sp_tokens, s.hidden
     qk = s.q_local + s.kv_local
-    ops: list[Op] = [memory("input_norm", OpKind.NORM, Ts * h, 4, 2)]
+    norm = NORM_FLOPS[model.norm][0]
+    (act_flops, act_passes), _ = ACTIVATIONS[model.activation]
+    ops: list[Op] = [memory("input_norm", OpKind.NORM, Ts * h, norm, 2)]
     ops += _sp_in("attn", s, sp, tp_link)
     ops.append(gemm("qkv", T, h, s.q_local + 2 * s.kv_local))
     if model.qk_layernorm:
@@ -69,10 +71,10 @@ def layer_forward(model: ModelSpec, s: Shard, sp: bool, tp_link: Link, cp_link: 
     ops.append(gemm("attn_proj", T, s.q_local, h))
     ops += _tp_out("attn", s, sp, tp_link)
     ops.append(memory("attn_bda", OpKind.ELEMENTWISE, Ts * h, 2, 3))
-    ops.append(memory("pre_mlp_norm", OpKind.NORM, Ts * h, 4, 2))
+    ops.append(memory("pre_mlp_norm", OpKind.NORM, Ts * h, norm, 2))
     ops += _sp_in("mlp", s, sp, tp_link)
-    ops.append(gemm("fc1", T, h, 2 * s.ffn_local))
-    ops.append(memory("swiglu", OpKind.ELEMENTWISE, T * s.ffn_local, 5, 3))
+    ops.append(gemm("fc1", T, h, mlp_width(model.activation) * s.ffn_local))
+    ops.append(memory(model.activation, OpKind.ELEMENTWISE, T * s.ffn_local, act_flops, act_passes))
     ops.append(gemm("fc2", T, s.ffn_local, h))
     ops += _tp_out("mlp", s, sp, tp_link)
     ops.append(memory("mlp_bda", OpKind.ELEMENTWISE, Ts * h, 2, 3))
@@ -87,12 +89,14 @@ def _grads(name: str, m: int, k: int, n: int) -> list[Op]:
 def layer_backward(model: ModelSpec, s: Shard, sp: bool, tp_link: Link, cp_link: Link) -> tuple[Op, ...]:
     T, Ts, h = s.tokens, s.sp_tokens, s.hidden
     qk = s.q_local + s.kv_local
+    norm = NORM_FLOPS[model.norm][1]
+    _, (act_flops, act_passes) = ACTIVATIONS[model.activation]
     ops: list[Op] = [memory("mlp_bda_bwd", OpKind.ELEMENTWISE, Ts * h, 1, 2)]
     ops += [_rename(o, "_bwd") for o in _sp_in("mlp", s, sp, tp_link)]
     ops += _grads("fc2", T, s.ffn_local, h)
-    ops.append(memory("swiglu_bwd", OpKind.ELEMENTWISE, T * s.ffn_local, 8, 5))
-    ops += _column_grads("fc1", T, h, 2 * s.ffn_local, s, sp, tp_link)
-    ops.append(memory("pre_mlp_norm_bwd", OpKind.NORM, Ts * h, 8, 4))
+    ops.append(memory(f"{model.activation}_bwd", OpKind.ELEMENTWISE, T * s.ffn_local, act_flops, act_passes))
+    ops += _column_grads("fc1", T, h, mlp_width(model.activation) * s.ffn_local, s, sp, tp_link)
+    ops.append(memory("pre_mlp_norm_bwd", OpKind.NORM, Ts * h, norm, 4))
     ops.append(memory("attn_bda_bwd", OpKind.ELEMENTWISE, Ts * h, 1, 2))
     ops += [_rename(o, "_bwd") for o in _sp_in("attn", s, sp, tp_link)]
     ops += _grads("attn_proj", T, s.q_local, h)
@@ -107,7 +111,7 @@ def layer_backward(model: ModelSpec, s: Shard, sp: bool, tp_link: Link, cp_link:
     if model.qk_layernorm:
         ops.append(memory("qk_norm_bwd", OpKind.NORM, T * qk, 8, 3))
     ops += _column_grads("qkv", T, h, s.q_local + 2 * s.kv_local, s, sp, tp_link)
-    ops.append(memory("input_norm_bwd", OpKind.NORM, Ts * h, 8, 4))
+    ops.append(memory("input_norm_bwd", OpKind.NORM, Ts * h, norm, 4))
     return tuple(ops)
 
 

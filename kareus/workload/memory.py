@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kareus.workload.ops import mlp_width
 from kareus.workload.shapes import BYTES, padded_vocab_size
 
 # bf16 weights and bf16 gradients: below any Megatron setup (fp32 main gradients and the Adam states,
@@ -25,10 +26,19 @@ def layer_parameters(model: Any) -> tuple[int, int]:
     """(split over tp, replicated) parameters of one transformer layer."""
     h = model.hidden_size
     q, kv = model.num_attention_heads * model.head_dim, model.num_kv_heads * model.head_dim
-    mats = 3 if str(getattr(model.activation, "value", model.activation)) == "swiglu" else 2
+    mats = 1 + mlp_width(_value(model.activation))  # FC1 (SwiGLU's gate and up) and FC2
     split = h * (q + 2 * kv) + q * h + mats * h * model.ffn_hidden_size
-    replicated = 2 * h + (2 * model.head_dim if model.qk_layernorm else 0)
+    replicated = 2 * norm_parameters(model, h) + (2 * model.head_dim if model.qk_layernorm else 0)
     return split, replicated
+
+
+def norm_parameters(model: Any, width: int) -> int:
+    """One norm's parameters: a scale, and a LayerNorm's bias beside it."""
+    return width * (2 if _value(model.norm) == "layernorm" else 1)
+
+
+def _value(field: Any) -> str:
+    return str(getattr(field, "value", field))
 
 
 def stage_layers(model: Any, parallel: Any) -> list[int]:
@@ -47,7 +57,7 @@ def stage_parameters(model: Any, parallel: Any) -> list[float]:
         if i == 0:
             n += embedding
         if i == len(split) - 1:
-            n += model.hidden_size  # the final norm
+            n += norm_parameters(model, model.hidden_size)  # the final norm
             if not (model.tied_embeddings and len(split) == 1):
                 n += embedding  # the output layer (a copy of the embedding when tied across stages)
         out.append(n)

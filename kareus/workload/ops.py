@@ -20,6 +20,19 @@ def gemm(name: str, m: int, k: int, n: int) -> Op:
               shape=(m, k, n))
 
 
+# the MLP's activation over tokens x ffn: (FLOPs an element, tensor passes) forward, then backward
+ACTIVATIONS = {
+    "swiglu": ((5, 3), (8, 5)),  # gate and up in, out; the gradient, gate and up in, both gradients out
+    "gelu": ((8, 2), (12, 3)),  # tanh approximation: in, out; the gradient and the input in, one out
+}
+NORM_FLOPS = {"rmsnorm": (4, 8), "layernorm": (5, 10)}  # FLOPs an element forward, backward (+ the mean)
+
+
+def mlp_width(activation: str) -> int:
+    """FC1's width in units of ffn: SwiGLU's gate and up projections are one GEMM twice as wide."""
+    return 2 if activation == "swiglu" else 1
+
+
 def memory(name: str, kind: OpKind, elements: float, flops_per_element: float, passes: float) -> Op:
     """A memory-bound op over ``elements`` values touching ``passes`` tensors of that size."""
     return Op(name, kind, flops=flops_per_element * elements, bytes=float(BYTES * passes * elements))
