@@ -299,6 +299,25 @@ def test_impossible_datasheet_values_are_refused(field, bad, bound):
     assert _hardware_lines(got, f"hardware.{field}: must be {bound}, got {float(bad)}"), got
 
 
+SIM_RULES = [  # each passed validation and then turned the model around or divided by zero mid-search
+    ("hardware.comm_clock_exp=-0.8", "hardware.comm_clock_exp: must be > 0, got -0.8"),  # comm faster when slower
+    ("hardware.comm_sharpness=0", "hardware.comm_sharpness: must be > 0, got 0.0"),  # ZeroDivisionError
+    ("hardware.vector_tflops=0", "hardware.vector_tflops: must be > 0, got 0.0"),
+    ("hardware.act_gemm=-1", "hardware.act_gemm: must be >= 0, got -1.0"),  # negative dynamic power
+    ("hardware.thermal_r_c_per_w=-0.09", "hardware.thermal_r_c_per_w: must be > 0, got -0.09"),  # below ambient
+    ("hardware.time_noise=5.0", "hardware.time_noise: must be in [0, 0.1], got 5.0"),  # negative times
+    ("hardware.static_power_w=500", "hardware.static_power_w: must be below tdp_w (400.0), got 500.0"),
+    ("hardware.min_mhz=200", "hardware.min_mhz: must be max_mhz (1410) less a multiple of step_mhz (15), the "
+                             "clocks a GPU locks, got 200"),
+]
+
+
+@pytest.mark.parametrize("override,line", SIM_RULES, ids=[o for o, _ in SIM_RULES])
+def test_simulator_parameters_that_turn_its_physics_around_are_refused(override, line):
+    got = problems(override)
+    assert len(got) == 1 and _hardware_lines(got, line), got
+
+
 @pytest.mark.parametrize("override,line", SEARCH_RULES, ids=[o for o, _ in SEARCH_RULES])
 def test_search_rule(override, line):
     assert problems(override) == [line]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kareus.config.bounds import out_of_bounds
 from kareus.hardware.spec import GPUConfig
 
 
@@ -75,7 +76,9 @@ class SimConfig(GPUConfig):
     fail_rate: float = 0.0  # probability that a reading fails (tests inject failures with it)
 
     def problems(self, ctx: object = None) -> list[str]:
-        """Config-time checks (run by validate()): physical ranges of the simulator's parameters."""
+        """Config-time checks (run by validate()): physical ranges of the simulator's parameters. A
+        sign the other way turns a response around (comm faster at a lower clock, a GPU cooled below
+        ambient by its own heat) or divides by zero mid-search."""
         out = []
         for k in ("eff_gemm", "eff_attention", "eff_memory", "comm_link_eff", "network_link_eff", "memory_sat_frac"):
             if not 0 < getattr(self, k) <= 1:
@@ -83,13 +86,20 @@ class SimConfig(GPUConfig):
         for k in ("contention_sm", "contention_hbm", "fail_rate"):
             if not 0 <= getattr(self, k) <= 1:
                 out.append(f"hardware.{k}: must be in [0, 1], got {getattr(self, k)}")
-        for k in ("host_gemm_s", "host_attention_s", "host_norm_s", "host_elementwise_s", "host_rope_s",
-                  "host_comm_s", "host_tail_s", "host_gap_s", "launch_latency_s"):
-            if getattr(self, k) < 0:
-                out.append(f"hardware.{k}: must be non-negative, got {getattr(self, k)}")
-        for k in ("comm_sm_gbps", "p_sm_w", "thermal_tau_s", "counter_period_s", "v_max", "v_min", "host_scale"):
-            if getattr(self, k) <= 0:
-                out.append(f"hardware.{k}: must be positive, got {getattr(self, k)}")
+        for k in ("time_noise", "power_noise"):  # Gaussian relative jitter: wider, a reading may go negative
+            if not 0 <= getattr(self, k) <= MAX_NOISE:
+                out.append(f"hardware.{k}: must be in [0, {MAX_NOISE}], got {getattr(self, k)}")
+        out += out_of_bounds(self, "hardware.", nonnegative=(
+            "host_gemm_s", "host_attention_s", "host_norm_s", "host_elementwise_s", "host_rope_s", "host_comm_s",
+            "host_tail_s", "host_gap_s", "launch_latency_s", "comm_latency_s", "comm_hbm_per_byte", "act_gemm",
+            "act_attention", "act_memory", "act_comm", "hbm_pj_per_byte", "link_pj_per_byte", "static_temp_coeff",
+        ), positive=(
+            "vector_tflops", "gemm_tile_flops", "comm_sm_gbps", "comm_clock_exp", "comm_sharpness", "p_sm_w",
+            "v_max", "v_min", "v_knee_mhz", "thermal_r_c_per_w", "thermal_tau_s", "counter_period_s", "host_scale",
+        ))
         if self.v_min > self.v_max:
             out.append(f"hardware.v_min: {self.v_min} exceeds v_max {self.v_max}")
         return out
+
+
+MAX_NOISE = 0.1  # ten standard deviations from a negative time or power

@@ -52,6 +52,9 @@ class GPUConfig:
             problems.append(f"hardware.min_mhz: must satisfy 0 < min_mhz <= max_mhz, got {self.min_mhz}..{self.max_mhz}")
         if self.step_mhz <= 0:
             problems.append(f"hardware.step_mhz: must be > 0, got {self.step_mhz}")
+        elif 0 < self.min_mhz <= self.max_mhz and (self.max_mhz - self.min_mhz) % self.step_mhz:
+            problems.append(f"hardware.min_mhz: must be max_mhz ({self.max_mhz}) less a multiple of step_mhz "
+                            f"({self.step_mhz}), the clocks a GPU locks, got {self.min_mhz}")
         if self.sms > 0 and not 0 < self.max_comm_sms < max(self.sms, 2):  # (no bound to name from a bad sms)
             problems.append(f"hardware.max_comm_sms: must be in 1..{self.sms - 1}, got {self.max_comm_sms}")
         if not 0 < self.default_comm_sms <= self.max_comm_sms:
@@ -60,6 +63,9 @@ class GPUConfig:
         problems += out_of_bounds(self, "hardware.", nonnegative=("static_power_w", "idle_power_w", "clock_switch_s"),
                                   positive=("tdp_w", "memory_gb", "hbm_gbps", "nvlink_gbps", "network_gbps",
                                             "peak_tflops", "gpus_per_node"))
+        for key in ("static_power_w", "idle_power_w"):
+            if getattr(self, key) >= self.tdp_w > 0:
+                problems.append(f"hardware.{key}: must be below tdp_w ({self.tdp_w}), got {getattr(self, key)}")
         if problems:
             raise ValueError("\n".join(problems))  # every problem, one per line
         return GPUSpec(
