@@ -586,23 +586,43 @@ def test_energy_telemetry_reads_the_gpu_the_controller_locks(monkeypatch):
 
 # -- SIGTERM while clocks are locked ---------------------------------------------------------------------
 def test_controller_turns_sigterm_into_exit_while_locked_and_restores_the_handler(monkeypatch):
+    """SIGTERM at its default kills without unwinding, leaving the GPU locked for whoever runs next."""
     import signal
 
     calls = []
     _fake_nvml(monkeypatch, calls)
-    mine = lambda signum, frame: None  # noqa: E731
-    previous = signal.signal(signal.SIGTERM, mine)
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         ctl = FREQUENCY_CONTROLLERS.build("nvml", None, config={"devices": [0]})
-        assert signal.getsignal(signal.SIGTERM) is mine  # nothing locked yet: untouched
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # nothing locked yet: untouched
         ctl.set(1005)
         handler = signal.getsignal(signal.SIGTERM)
-        assert handler is not mine
+        assert handler is not signal.SIG_DFL
         with pytest.raises(SystemExit) as exit_info:
             handler(signal.SIGTERM, None)
         assert exit_info.value.code == 128 + signal.SIGTERM
         ctl.__exit__(None, None, None)
-        assert signal.getsignal(signal.SIGTERM) is mine and ("reset", "nvml0") in calls
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL and ("reset", "nvml0") in calls
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_handler_the_program_set_keeps_deciding_how_a_locked_run_ends(monkeypatch):
+    """Megatron's --exit-signal-handler only sets a flag on SIGTERM; the training loop then saves a
+    checkpoint and exits. Replaced by one that raised SystemExit, a preempted job lost its checkpoint."""
+    import signal
+
+    _fake_nvml(monkeypatch, [])
+    flagged = []
+    megatrons = lambda signum, frame: flagged.append(signum)  # noqa: E731
+    previous = signal.signal(signal.SIGTERM, megatrons)
+    try:
+        with FREQUENCY_CONTROLLERS.build("nvml", None, config={"devices": [0]}) as ctl:
+            ctl.set(1005)
+            assert signal.getsignal(signal.SIGTERM) is megatrons
+            signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)  # no SystemExit: the loop saves and exits
+            assert flagged == [signal.SIGTERM]
+        assert signal.getsignal(signal.SIGTERM) is megatrons
     finally:
         signal.signal(signal.SIGTERM, previous)
 

@@ -113,7 +113,10 @@ class SignalGuard:
     A scheduler's SIGTERM (job cancelled, preempted) or a closed terminal's SIGHUP would otherwise kill
     the process without unwinding, leaving the GPU locked at a low clock for whoever runs next. Python
     lets only the main thread install handlers; elsewhere this does nothing. The previous handlers come
-    back on ``restore``; a signal the process ignores (``nohup`` ignores SIGHUP) stays ignored. What no
+    back on ``restore``. Only a signal left at its default (which kills without unwinding) is guarded:
+    one the process ignores (``nohup`` ignores SIGHUP) stays ignored, and one the program handles keeps
+    its handler, which decides how the run ends (Megatron's ``--exit-signal-handler`` sets a flag, and the
+    training loop saves a checkpoint and exits, through the ``finally`` that resets the clocks). What no
     handler can catch (SIGKILL, an abort in native code) leaves the lock in place: ``nvidia-smi -rgc``
     resets it.
     """
@@ -131,8 +134,8 @@ class SignalGuard:
             return
         for name in self.SIGNALS:
             signum = getattr(signal, name, None)
-            if signum is None or signal.getsignal(signum) is signal.SIG_IGN:
-                continue  # ignored on purpose (nohup ignores SIGHUP): the run is meant to survive it
+            if signum is None or signal.getsignal(signum) not in (signal.SIG_DFL, None):
+                continue  # ignored on purpose (nohup), or the program's own handler: its policy stands
             self._previous[signum] = signal.getsignal(signum)
             signal.signal(signum, _raise_system_exit)
         self.installed = True
