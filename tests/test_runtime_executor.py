@@ -190,6 +190,21 @@ def test_hook_refuses_schedules_that_bypass_or_miscount_its_steps(flag, value):
     assert ctl.calls == ["reset"]
 
 
+@pytest.mark.parametrize("scope", ["full_iteration", ["full_iteration"], ["attn", "full_iteration"]])
+def test_hook_refuses_a_full_iteration_cuda_graph(scope):
+    """megatron-core captures forward_backward_func once and replays it: no forward_step runs again, so no
+    clock switches, and the first switch's device sync would break the capture."""
+    fake = _fake_schedules([])
+    config = SimpleNamespace(cuda_graph_impl="local", cuda_graph_scope=scope)
+    with pytest.raises(UnsupportedScheduleError, match="full-iteration CUDA graph"):
+        with plan_hooks(PlanExecutor(_plan(), FakeController(), stage=0), fake, config=config):
+            pass
+    for fine in (SimpleNamespace(cuda_graph_impl="local", cuda_graph_scope=["attn", "mlp"]),  # per layer
+                 SimpleNamespace(cuda_graph_impl="none", cuda_graph_scope=scope)):
+        with plan_hooks(PlanExecutor(_plan(), FakeController(), stage=0), fake, config=fine):
+            pass
+
+
 def test_hook_checks_the_flags_megatron_core_config_has():
     pytest.importorskip("megatron.core")
     from megatron.core.model_parallel_config import ModelParallelConfig
@@ -201,6 +216,12 @@ def test_hook_checks_the_flags_megatron_core_config_has():
         with pytest.raises(UnsupportedScheduleError, match=flag):
             with plan_hooks(ex, _fake_schedules([]), config=ModelParallelConfig(**{flag: True})):
                 pass
+    from megatron.core.transformer.enums import CudaGraphScope  # the scope as megatron-core's config holds it
+
+    graphed = SimpleNamespace(cuda_graph_impl="local", cuda_graph_scope=[CudaGraphScope.full_iteration])
+    with pytest.raises(UnsupportedScheduleError, match="full-iteration CUDA graph"):
+        with plan_hooks(ex, _fake_schedules([]), config=graphed):
+            pass
 
 
 def test_hook_reads_forward_step_arguments_where_megatron_core_puts_them():

@@ -85,6 +85,19 @@ def check_schedule(config: Any) -> None:
     vp = getattr(config, "virtual_pipeline_model_parallel_size", None)
     if vp is not None and int(vp) > 1:
         raise UnsupportedScheduleError(_interleaved(f"virtual_pipeline_model_parallel_size={vp}"))
+    if getattr(config, "cuda_graph_impl", "none") == "local" and _scopes_full_iteration(config):
+        raise UnsupportedScheduleError(
+            "plan_hooks do not support a full-iteration CUDA graph (cuda_graph_impl=local, cuda_graph_scope "
+            "full_iteration): the captured iteration replays without calling forward_step/backward_step, so no "
+            "clock would switch, and a switch's device sync cannot run inside the capture; graph per layer "
+            "(cuda_graph_scope attn, mlp) or not at all to run a plan")
+
+
+def _scopes_full_iteration(config: Any) -> bool:
+    """Whether megatron-core's ``cuda_graph_scope`` (a name, an enum or a list of either) holds full_iteration."""
+    scope = getattr(config, "cuda_graph_scope", None)
+    scopes = scope if isinstance(scope, (list, tuple, set)) else [scope]
+    return any(getattr(x, "name", str(x)) == "full_iteration" for x in scopes)
 
 
 def _interleaved(what: str) -> str:
