@@ -15,6 +15,7 @@ The controller is any object with ``set(mhz)`` and ``reset()``: a ``FREQUENCY_CO
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
@@ -47,6 +48,9 @@ class PlanCoverageError(KeyError):
         return str(self.args[0])
 
 
+SWITCHES_KEPT = 1024  # clock switches an executor remembers (a list of every one grew by the iteration)
+
+
 @dataclass(frozen=True)
 class Switch:
     """One clock change the executor made (for logs and tests)."""
@@ -77,7 +81,8 @@ class PlanExecutor:
         self.current: InstructionPlan | None = None
         self._settings: dict[str, PartitionSetting] = {}
         self._locked: int | None = None
-        self.switches: list[Switch] = []
+        self.switches: deque[Switch] = deque(maxlen=SWITCHES_KEPT)  # the latest; a run lasts many iterations
+        self.switch_count = 0
         self.instructions = 0
 
     @classmethod
@@ -103,6 +108,7 @@ class PlanExecutor:
             self.controller.set(int(ins.freq_mhz))
             self._locked = int(ins.freq_mhz)
             self.switches.append(Switch(microbatch, d, int(ins.freq_mhz)))
+            self.switch_count += 1
         self.current = ins
         self._settings = {p.partition: p for p in ins.partitions}
         self.instructions += 1
