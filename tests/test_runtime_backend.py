@@ -391,6 +391,13 @@ class _FakeNVML:
         self.closed = True
 
 
+class _NoCounterNVML(_FakeNVML):
+    """A GPU whose NVML lacks the total-energy counter (pre-Volta, some virtual GPUs)."""
+
+    def energy_j(self) -> float:
+        raise OSError("NVML_ERROR_NOT_SUPPORTED")
+
+
 def _metered(mhz: float) -> CudaBackend:
     b = CudaBackend(CudaConfig(device="cpu", comm="copy", warmup=0))
     b.energy, b.nvml = _Meter(), _FakeNVML(mhz)
@@ -634,6 +641,9 @@ def test_the_idle_temperature_is_read_once_per_gpu_per_process(monkeypatch):
                               "measured on cuda:x without energy; allowed: nvml, zeus"),
     ("nvml", None, "hardware.energy: no NVML device: energy needs an NVIDIA GPU and nvidia-ml-py (NVMLError: "
                    "no library); no candidate can be measured on cuda:x without energy; allowed: nvml, zeus"),
+    ("nvml", _NoCounterNVML(1410), "hardware.energy: this GPU's NVML has no total-energy counter (OSError: "
+                                   "NVML_ERROR_NOT_SUPPORTED); no candidate can be measured on cuda:x without "
+                                   "energy; allowed: nvml, zeus"),
 ])
 def test_a_gpu_without_an_energy_meter_is_refused_when_the_backend_starts(energy, nvml, why):
     """It would run every window in full and fail it, three times per candidate, for no frontier."""

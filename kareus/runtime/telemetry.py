@@ -228,5 +228,9 @@ def energy_meter(kind: str, device: NVMLDevice | None, cuda_index: int) -> Any:
     if kind == "nvml":
         if device is None:
             return NoEnergy("no NVML device: energy needs an NVIDIA GPU and nvidia-ml-py")
+        try:  # read once: a GPU without the counter (pre-Volta, some virtual GPUs) would fail every window
+            device.energy_j()
+        except Exception as e:
+            return NoEnergy(f"this GPU's NVML has no total-energy counter ({type(e).__name__}: {e})")
         return NVMLEnergy(device)
     raise ValueError(f"unknown energy meter {kind!r}; use nvml, zeus or none")
