@@ -357,20 +357,30 @@ def test_artifact_policy_shares():
 
 def test_space_sms_within_the_gpu(hw):
     assert problems("search.space.sms=[0,200]") == [
-        f"search.space.sms: [0, 200] outside 1..{hw.sms - 1} for {hw.gpu}"]
+        f"search.space.sms: [0, 200] outside 1..{hw.max_comm_sms} for {hw.gpu} (hardware.max_comm_sms)"]
 
 
 def test_space_sms_are_checked_against_the_chosen_gpu(hw):
-    assert problems("hardware.sms=64", "search.space.sms=[8,80]") == [
-        f"search.space.sms: [80] outside 1..63 for {hw.gpu}"]
+    assert problems("hardware.max_comm_sms=40", "search.space.sms=[8,40,48]") == [
+        f"search.space.sms: [48] outside 1..40 for {hw.gpu} (hardware.max_comm_sms)"]
+
+
+def test_comm_sms_above_what_the_comm_library_runs_are_refused(hw):
+    """NCCL caps a communicator's CTAs at 32 channels: 48 or 64 SMs ran the 32-CTA kernel, recorded and
+    planned as 48 or 64. The search space stays within hardware.max_comm_sms."""
+    assert hw.max_comm_sms == 32 < hw.sms - 1
+    assert problems("search.space.sms=[16,48,64]") == [
+        f"search.space.sms: [48, 64] outside 1..32 for {hw.gpu} (hardware.max_comm_sms)"]
+    assert problems("search.space.sms_min=8", "search.space.sms_max=64", "search.space.sms_step=8") == [
+        f"search.space.sms_max: must be within 1..32 for {hw.gpu} (hardware.max_comm_sms), got 64"]
 
 
 def test_an_sm_range_outside_the_gpu_names_the_end_that_is_out(hw):
     """It named search.space.sms and printed every count of the range."""
-    assert problems("search.space.sms_max=200") == [f"search.space.sms_max: must be within 1..{hw.sms - 1} "
-                                                    f"for {hw.gpu}, got 200"]
+    assert problems("search.space.sms_max=200") == [f"search.space.sms_max: must be within 1..{hw.max_comm_sms} "
+                                                    f"for {hw.gpu} (hardware.max_comm_sms), got 200"]
     assert problems("search.space.sms_min=0", "search.space.sms_max=4") == [
-        f"search.space.sms_min: must be within 1..{hw.sms - 1} for {hw.gpu}, got 0"]
+        f"search.space.sms_min: must be within 1..{hw.max_comm_sms} for {hw.gpu} (hardware.max_comm_sms), got 0"]
 
 
 def test_a_bad_sm_count_is_one_line_not_two():
@@ -530,7 +540,7 @@ def test_every_problem_is_reported_together(hw):
         "parallel.tp: 3 does not divide model.num_attention_heads=16",
         "parallel.tp: 3 does not divide model.num_kv_heads=8",
         "search.budget: must be > 0, got 0",
-        f"search.space.sms: [500] outside 1..{hw.sms - 1} for {hw.gpu}",
+        f"search.space.sms: [500] outside 1..{hw.max_comm_sms} for {hw.gpu} (hardware.max_comm_sms)",
         "profiler.repeats: must be >= 1, got 0",
         "plan.deadline_s: must be positive seconds, got -1.0",
         "compose.num_deadlines: must be >= 2, got 1",

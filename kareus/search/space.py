@@ -91,13 +91,16 @@ def space_problems(space: SpaceConfig, gpu: GPUSpec, recorded: bool = False) -> 
             lo, hi, _step = _sm_range(space, gpu)
             out.append(f"search.space: sms_min {lo} > sms_max {hi}" if space.sms is None and lo > hi
                        else "search.space: no SM counts (check sms / sms_min / sms_max / sms_step)")
-        bad = [s for s in sms if s < 1 or s > gpu.sms - 1]
+        # a comm library caps the CTAs a communicator runs (NCCL: 32 channels), so a count above
+        # hardware.max_comm_sms would run the capped kernel under another name; a table holds what it holds
+        top, where = (gpu.sms - 1, "") if recorded else (gpu.max_comm_sms, " (hardware.max_comm_sms)")
+        bad = [s for s in sms if s < 1 or s > top]
         if bad and space.sms is not None:
-            out.append(f"search.space.sms: {bad} outside 1..{gpu.sms - 1} for {gpu.name}")
+            out.append(f"search.space.sms: {bad} outside 1..{top} for {gpu.name}{where}")
         elif bad:  # from the range: name the end that is out, not the counts it makes
             for name, v in (("sms_min", min(sms)), ("sms_max", max(sms))):
-                if not 1 <= v <= gpu.sms - 1:
-                    out.append(f"search.space.{name}: must be within 1..{gpu.sms - 1} for {gpu.name}, "
+                if not 1 <= v <= top:
+                    out.append(f"search.space.{name}: must be within 1..{top} for {gpu.name}{where}, "
                                f"got {getattr(space, name) if getattr(space, name) is not None else v}")
     fr = space.freq_mhz
     if fr.step is not None and (fr.step <= 0 or fr.step % gpu.step_mhz):
