@@ -76,8 +76,8 @@ def test_clock_and_unknown_configurations(tmp_path):
     (HEADER + "p,sequential,4,1410,0.004,1.0,0\np,sequential,4,1410,0.0041,1.0,0\n", 3, "duplicate"),
     # a key naming a folder crashed the run's output step after every search had finished
     (HEADER + "p,sequential,4,1410,0.004,1.0,0\nfwd/attn,sequential,4,1410,0.004,1.0,0\n", 3,
-     "partition 'fwd/attn' may hold letters, digits, '_', '-' and '.' only"),
-    (HEADER + "..,sequential,4,1410,0.004,1.0,0\n", 2, "partition '..' may hold"),
+     "partition 'fwd/attn': a key names the run's files"),
+    (HEADER + "..,sequential,4,1410,0.004,1.0,0\n", 2, "partition '..': a key names the run's files"),
 ])
 def test_malformed_tables_are_rejected_with_the_line(tmp_path, text, line, what):
     path = write(tmp_path, text)
@@ -86,6 +86,13 @@ def test_malformed_tables_are_rejected_with_the_line(tmp_path, text, line, what)
     msg = str(err.value)
     assert isinstance(err.value, ValueError) and "\n" not in msg
     assert f"{path}:{line}:" in msg and what in msg
+
+
+def test_kareus_own_partition_keys_load(tmp_path):
+    """Megatron's reference partitions are named megatron:<key>: a table recorded from a run holds them."""
+    table = load_table(write(tmp_path, HEADER + "megatron:fwd_attn,sequential,16,1410,0.004,1.0,0\n"
+                                                 "fwd_attn.join_norm_0,norm_0,4,1410,0.004,1.0,0\n"))
+    assert {k[0] for k in table} == {"megatron:fwd_attn", "fwd_attn.join_norm_0"}
 
 
 def test_rows_without_repeat_column_are_repeats_in_order(tmp_path):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import csv
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -47,7 +46,7 @@ class ReplayConfig(GPUConfig):
 
 
 Key = tuple[str, str, int, int]
-_FILE_SAFE = re.compile(r"[A-Za-z0-9_.-]+")  # a partition key becomes part of file names
+_PATH_CHARS = ("/", "\\", "\0")  # a partition key becomes part of file names (Kareus' own hold ':')
 
 
 def load_table(path: str | Path) -> dict[Key, list[tuple[float, float]]]:
@@ -91,9 +90,9 @@ def load_table(path: str | Path) -> dict[Key, list[tuple[float, float]]]:
             key = (get("partition"), get("slot") or SEQUENTIAL, sms, mhz)
             if not key[0]:
                 raise TableError(f"{p}:{line}: empty partition")
-            if not _FILE_SAFE.fullmatch(key[0]) or set(key[0]) == {"."}:
-                raise TableError(f"{p}:{line}: partition {key[0]!r} may hold letters, digits, '_', '-' and '.' only "
-                                 f"(it names the run's files, e.g. frontiers/partition_<key>.csv)")
+            if any(c in key[0] for c in _PATH_CHARS) or key[0] in (".", ".."):
+                raise TableError(f"{p}:{line}: partition {key[0]!r}: a key names the run's files "
+                                 f"(frontiers/partition_<key>.csv), so it may not hold '/', '\\' or be '.' or '..'")
             if rep is None:
                 order.setdefault(key, []).append((t, e))
                 continue
