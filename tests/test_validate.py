@@ -300,16 +300,24 @@ def test_impossible_datasheet_values_are_refused(field, bad, bound):
 
 
 SIM_RULES = [  # each passed validation and then turned the model around or divided by zero mid-search
-    ("hardware.comm_clock_exp=-0.8", "hardware.comm_clock_exp: must be > 0, got -0.8"),  # comm faster when slower
+    ("hardware.comm_clock_exp=-0.8", "hardware.comm_clock_exp: must be >= 0, got -0.8"),  # comm faster when slower
     ("hardware.comm_sharpness=0", "hardware.comm_sharpness: must be > 0, got 0.0"),  # ZeroDivisionError
     ("hardware.vector_tflops=0", "hardware.vector_tflops: must be > 0, got 0.0"),
     ("hardware.act_gemm=-1", "hardware.act_gemm: must be >= 0, got -1.0"),  # negative dynamic power
-    ("hardware.thermal_r_c_per_w=-0.09", "hardware.thermal_r_c_per_w: must be > 0, got -0.09"),  # below ambient
+    ("hardware.thermal_r_c_per_w=-0.09", "hardware.thermal_r_c_per_w: must be >= 0, got -0.09"),  # below ambient
     ("hardware.time_noise=5.0", "hardware.time_noise: must be in [0, 0.1], got 5.0"),  # negative times
     ("hardware.static_power_w=500", "hardware.static_power_w: must be below tdp_w (400.0), got 500.0"),
-    ("hardware.min_mhz=200", "hardware.min_mhz: must be max_mhz (1410) less a multiple of step_mhz (15), the "
-                             "clocks a GPU locks, got 200"),
+    ("hardware.min_mhz=200", "hardware.min_mhz/max_mhz: 200..1410 MHz is no whole number of step_mhz=15 steps; "
+                             "a GPU locks max_mhz less whole steps"),
+    ("hardware.max_mhz=1400", "hardware.min_mhz/max_mhz: 210..1400 MHz is no whole number of step_mhz=15 steps; "
+                              "a GPU locks max_mhz less whole steps"),
 ]
+
+
+@pytest.mark.parametrize("override", ["hardware.comm_clock_exp=0", "hardware.thermal_r_c_per_w=0"])
+def test_a_simulator_without_a_response_is_no_problem(override):
+    """0 is no clock dependence of the comm, no self-heating: neutral settings, not reversed ones."""
+    assert problems(override) == []
 
 
 @pytest.mark.parametrize("override,line", SIM_RULES, ids=[o for o, _ in SIM_RULES])

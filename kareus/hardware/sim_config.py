@@ -93,9 +93,10 @@ class SimConfig(GPUConfig):
             "host_gemm_s", "host_attention_s", "host_norm_s", "host_elementwise_s", "host_rope_s", "host_comm_s",
             "host_tail_s", "host_gap_s", "launch_latency_s", "comm_latency_s", "comm_hbm_per_byte", "act_gemm",
             "act_attention", "act_memory", "act_comm", "hbm_pj_per_byte", "link_pj_per_byte", "static_temp_coeff",
+            "comm_clock_exp", "thermal_r_c_per_w", "v_knee_mhz",  # 0: no clock dependence, no self-heating
         ), positive=(
-            "vector_tflops", "gemm_tile_flops", "comm_sm_gbps", "comm_clock_exp", "comm_sharpness", "p_sm_w",
-            "v_max", "v_min", "v_knee_mhz", "thermal_r_c_per_w", "thermal_tau_s", "counter_period_s", "host_scale",
+            "vector_tflops", "gemm_tile_flops", "comm_sm_gbps", "comm_sharpness", "p_sm_w", "v_max", "v_min",
+            "thermal_tau_s", "counter_period_s", "host_scale",
         ))
         if self.v_min > self.v_max:
             out.append(f"hardware.v_min: {self.v_min} exceeds v_max {self.v_max}")

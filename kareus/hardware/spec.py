@@ -53,8 +53,8 @@ class GPUConfig:
         if self.step_mhz <= 0:
             problems.append(f"hardware.step_mhz: must be > 0, got {self.step_mhz}")
         elif 0 < self.min_mhz <= self.max_mhz and (self.max_mhz - self.min_mhz) % self.step_mhz:
-            problems.append(f"hardware.min_mhz: must be max_mhz ({self.max_mhz}) less a multiple of step_mhz "
-                            f"({self.step_mhz}), the clocks a GPU locks, got {self.min_mhz}")
+            problems.append(f"hardware.min_mhz/max_mhz: {self.min_mhz}..{self.max_mhz} MHz is no whole number of "
+                            f"step_mhz={self.step_mhz} steps; a GPU locks max_mhz less whole steps")
         if self.sms > 0 and not 0 < self.max_comm_sms < max(self.sms, 2):  # (no bound to name from a bad sms)
             problems.append(f"hardware.max_comm_sms: must be in 1..{self.sms - 1}, got {self.max_comm_sms}")
         if not 0 < self.default_comm_sms <= self.max_comm_sms:
