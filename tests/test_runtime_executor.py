@@ -209,10 +209,11 @@ def test_hook_refuses_a_full_iteration_cuda_graph(scope):
     """megatron-core captures forward_backward_func once and replays it: no forward_step runs again, so no
     clock switches, and the first switch's device sync would break the capture."""
     fake = _fake_schedules([])
-    config = SimpleNamespace(cuda_graph_impl="local", cuda_graph_scope=scope)
-    with pytest.raises(UnsupportedScheduleError, match="full-iteration CUDA graph"):
-        with plan_hooks(PlanExecutor(_plan(), FakeController(), stage=0), fake, config=config):
-            pass
+    for config in (SimpleNamespace(cuda_graph_impl="local", cuda_graph_scope=scope),
+                   SimpleNamespace(enable_cuda_graph=True, cuda_graph_scope=scope)):  # older releases spell it so
+        with pytest.raises(UnsupportedScheduleError, match="full-iteration CUDA graph"):
+            with plan_hooks(PlanExecutor(_plan(), FakeController(), stage=0), fake, config=config):
+                pass
     for fine in (SimpleNamespace(cuda_graph_impl="local", cuda_graph_scope=["attn", "mlp"]),  # per layer
                  SimpleNamespace(cuda_graph_impl="none", cuda_graph_scope=scope)):
         with plan_hooks(PlanExecutor(_plan(), FakeController(), stage=0), fake, config=fine):

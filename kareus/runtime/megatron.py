@@ -85,7 +85,8 @@ def check_schedule(config: Any) -> None:
     vp = getattr(config, "virtual_pipeline_model_parallel_size", None)
     if vp is not None and int(vp) > 1:
         raise UnsupportedScheduleError(_interleaved(f"virtual_pipeline_model_parallel_size={vp}"))
-    if getattr(config, "cuda_graph_impl", "none") == "local" and _scopes_full_iteration(config):
+    local = getattr(config, "cuda_graph_impl", "none") == "local" or getattr(config, "enable_cuda_graph", False)
+    if local and _scopes_full_iteration(config):  # enable_cuda_graph: how releases before cuda_graph_impl said it
         raise UnsupportedScheduleError(
             "plan_hooks do not support a full-iteration CUDA graph (cuda_graph_impl=local, cuda_graph_scope "
             "full_iteration): the captured iteration replays without calling forward_step/backward_step, so no "
