@@ -391,11 +391,19 @@ class _FakeNVML:
         self.closed = True
 
 
+class NVMLError_NotSupported(Exception):  # noqa: N801  (nvidia-ml-py's name for it)
+    pass
+
+
 class _NoCounterNVML(_FakeNVML):
-    """A GPU whose NVML lacks the total-energy counter (pre-Volta, some virtual GPUs)."""
+    """A GPU whose NVML lacks the total-energy counter (pre-Volta, some virtual GPUs), or fails to read it."""
+
+    def __init__(self, mhz: float, error: Exception | None = None) -> None:
+        super().__init__(mhz)
+        self.error = error or NVMLError_NotSupported("Not Supported")
 
     def energy_j(self) -> float:
-        raise OSError("NVML_ERROR_NOT_SUPPORTED")
+        raise self.error
 
 
 def _metered(mhz: float) -> CudaBackend:
@@ -641,9 +649,12 @@ def test_the_idle_temperature_is_read_once_per_gpu_per_process(monkeypatch):
                               "measured on cuda:x without energy; allowed: nvml, zeus"),
     ("nvml", None, "hardware.energy: no NVML device: energy needs an NVIDIA GPU and nvidia-ml-py (NVMLError: "
                    "no library); no candidate can be measured on cuda:x without energy; allowed: nvml, zeus"),
-    ("nvml", _NoCounterNVML(1410), "hardware.energy: this GPU's NVML has no total-energy counter (OSError: "
-                                   "NVML_ERROR_NOT_SUPPORTED); no candidate can be measured on cuda:x without "
-                                   "energy; allowed: nvml, zeus"),
+    ("nvml", _NoCounterNVML(1410), "hardware.energy: this GPU's NVML has no total-energy counter "
+                                   "(NVMLError_NotSupported: Not Supported); no candidate can be measured on cuda:x "
+                                   "without energy; allowed: nvml, zeus"),
+    ("nvml", _NoCounterNVML(1410, OSError("Insufficient Permissions")),  # not a missing counter: say so
+     "hardware.energy: this GPU's NVML could not read its total-energy counter (OSError: Insufficient Permissions); "
+     "no candidate can be measured on cuda:x without energy; allowed: nvml, zeus"),
 ])
 def test_a_gpu_without_an_energy_meter_is_refused_when_the_backend_starts(energy, nvml, why):
     """It would run every window in full and fail it, three times per candidate, for no frontier."""

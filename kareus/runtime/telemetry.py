@@ -231,6 +231,8 @@ def energy_meter(kind: str, device: NVMLDevice | None, cuda_index: int) -> Any:
         try:  # read once: a GPU without the counter (pre-Volta, some virtual GPUs) would fail every window
             device.energy_j()
         except Exception as e:
-            return NoEnergy(f"this GPU's NVML has no total-energy counter ({type(e).__name__}: {e})")
+            what = ("has no total-energy counter" if "NotSupported" in type(e).__name__
+                    else "could not read its total-energy counter")  # no permission, a GPU fallen off the bus
+            return NoEnergy(f"this GPU's NVML {what} ({type(e).__name__}: {e})")
         return NVMLEnergy(device)
     raise ValueError(f"unknown energy meter {kind!r}; use nvml, zeus or none")
