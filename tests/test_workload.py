@@ -272,6 +272,10 @@ def test_a_gelu_layernorm_model_gets_its_own_mlp_and_norms():
     h, ffn = LLAMA.hidden_size, LLAMA.ffn_hidden_size
     (split, replicated), (bsplit, breplicated) = layer_parameters(gpt), layer_parameters(LLAMA)
     assert bsplit - split == h * ffn and replicated == 2 * breplicated  # one MLP matrix less; biases
+    qwen_ln = replace(QWEN, norm="layernorm")  # qk-norms are built with the same normalization
+    assert layer_parameters(qwen_ln)[1] == 2 * layer_parameters(QWEN)[1] == 2 * (2 * 2048 + 2 * 128)
+    qk, bqk = (ops_by_name(build_workload(m, TP8).stage(0).layer_fwd)["qk_norm"] for m in (qwen_ln, QWEN))
+    assert qk.flops > bqk.flops
 
 
 def test_parameters_per_gpu_add_up_to_the_published_model_sizes():

@@ -61,7 +61,7 @@ def layer_forward(model: ModelSpec, s: Shard, sp: bool, tp_link: Link, cp_link: 
     ops += _sp_in("attn", s, sp, tp_link)
     ops.append(gemm("qkv", T, h, s.q_local + 2 * s.kv_local))
     if model.qk_layernorm:
-        ops.append(memory("qk_norm", OpKind.NORM, T * qk, 4, 2))
+        ops.append(memory("qk_norm", OpKind.NORM, T * qk, norm, 2))
     ops.append(memory("rope", OpKind.ROPE, T * qk, 3, 2))
     if s.cp > 1:
         ops.append(comm("cp_kv_allgather", Collective.ALL_GATHER, 2 * T * s.kv_local * BYTES, s.cp, cp_link))
@@ -109,7 +109,7 @@ def layer_backward(model: ModelSpec, s: Shard, sp: bool, tp_link: Link, cp_link:
         ops.append(comm("cp_dkv_reducescatter", Collective.REDUCE_SCATTER, 2 * T * s.kv_local * BYTES, s.cp, cp_link))
     ops.append(memory("rope_bwd", OpKind.ROPE, T * qk, 3, 2))
     if model.qk_layernorm:
-        ops.append(memory("qk_norm_bwd", OpKind.NORM, T * qk, 8, 3))
+        ops.append(memory("qk_norm_bwd", OpKind.NORM, T * qk, norm, 3))
     ops += _column_grads("qkv", T, h, s.q_local + 2 * s.kv_local, s, sp, tp_link)
     ops.append(memory("input_norm_bwd", OpKind.NORM, Ts * h, norm, 4))
     return tuple(ops)

@@ -28,7 +28,8 @@ def layer_parameters(model: Any) -> tuple[int, int]:
     q, kv = model.num_attention_heads * model.head_dim, model.num_kv_heads * model.head_dim
     mats = 1 + mlp_width(_value(model.activation))  # FC1 (SwiGLU's gate and up) and FC2
     split = h * (q + 2 * kv) + q * h + mats * h * model.ffn_hidden_size
-    replicated = 2 * norm_parameters(model, h) + (2 * model.head_dim if model.qk_layernorm else 0)
+    qk_norms = 2 * norm_parameters(model, model.head_dim) if model.qk_layernorm else 0
+    replicated = 2 * norm_parameters(model, h) + qk_norms
     return split, replicated
 
 
