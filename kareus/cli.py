@@ -55,9 +55,12 @@ class RunDirCallback(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         """A sweep whose jobs all left nothing (a describe sweep, or every job refused) leaves no
-        folder either: Hydra's ``multirun.yaml`` alone describes no result."""
+        folder either: Hydra's ``multirun.yaml`` and the id of the sweep's MLflow run (which keeps its
+        own record) describe no result."""
+        from kareus.tracking.store import PARENT_RUN_FILE
+
         sweep = Path(os.path.abspath(str(OmegaConf.select(config, "hydra.sweep.dir"))))
-        if sweep.is_dir() and {p.name for p in sweep.iterdir()} == {"multirun.yaml"}:
+        if sweep.is_dir() and {p.name for p in sweep.iterdir()} <= {"multirun.yaml", PARENT_RUN_FILE}:
             _remove_made(sweep)
 
 

@@ -349,6 +349,16 @@ def test_a_sweep_job_refused_at_run_time_fails_alone_and_the_sweep_goes_on(tmp_p
     assert sorted(rows) == [("jobs", 2.0, "FAILED"), ("jobs_failed", 1.0, "FAILED")]
 
 
+def test_a_sweep_whose_every_job_is_refused_leaves_no_sweep_folder(tmp_path):
+    """The MLflow sweep callback's run-id file beside multirun.yaml kept the empty folder."""
+    tiny = ("+model=tiny", "parallel=pp1_tp2", "mode=search", "search=random", "search.budget=4", "progress=false")
+    assert kareus(tmp_path, *tiny, "hydra.run.dir=runs/base", timeout=240).returncode == 0
+    res = kareus(tmp_path, "-m", *tiny, "resume=runs/base", "seed=1,2", timeout=240)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert error_lines(res.stderr)[-1].startswith("error: 2 of 2 sweep jobs were refused")
+    assert not list((tmp_path / "runs" / "multirun").glob("*/*")), list((tmp_path / "runs").rglob("*"))
+
+
 def test_a_describe_sweep_records_nothing(tmp_path):
     res = kareus(tmp_path, "-m", "mode=describe", "+model=tiny", "parallel=pp1_tp2,pp2_tp2")
     assert res.returncode == 0, res.stderr[-2000:]
