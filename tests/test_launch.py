@@ -174,6 +174,27 @@ def test_a_worker_that_dies_is_one_clear_error_not_a_broken_pool(tmp_path):
     assert done.returncode == 0, (done.stdout + done.stderr)[-2000:]
 
 
+@pytest.mark.parametrize("with_listener", [True, False], ids=["listened", "quiet"])
+def test_a_failed_task_stops_the_others_at_once(tmp_path, with_listener):
+    """With listeners (always, from the CLI) the parent waited for every task before looking at any
+    result: the other searches ran to their end for a run that failed anyway."""
+    import dataclasses
+
+    from kareus.events import SearchFinished
+    from kareus.registry import UnknownComponentError
+
+    bad, good = sim_tasks(tmp_path / "j.sqlite")
+    bad = dataclasses.replace(bad, search={"name": "nope"})
+    long = dataclasses.replace(good, search={"name": "mbo", "budget": 120, "batch_size": 4})  # seconds of work
+    events: list = []
+    launcher = LAUNCHERS.build("process", config={"workers": 2})
+    with pytest.raises(UnknownComponentError):
+        launcher.run([long, bad], listeners=[events.append] if with_listener else [])  # the failure second
+    assert not [e for e in events if isinstance(e, SearchFinished)]
+    with Journal.open(tmp_path / "j.sqlite", long.config_hash) as j:
+        assert len(j.measurements(long.partition.key)) < 120
+
+
 def test_a_dead_event_relay_is_one_clear_error(tmp_path, monkeypatch):
     import kareus.launch.launchers as launchers
 

@@ -85,7 +85,7 @@ class ProcessLauncher:
         """Workers forward their events to ``listeners`` here, through a queue."""
         import multiprocessing as mp
         import queue as queue_mod
-        from concurrent.futures import ProcessPoolExecutor
+        from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
 
         if not tasks:
             return []
@@ -95,6 +95,8 @@ class ProcessLauncher:
         try:
             if not listeners:
                 futures = [pool.submit(run_search_task, t) for t in tasks]
+                wait(futures, return_when=FIRST_EXCEPTION)  # a failed task stops the others, whichever it is
+                _raise_first_failure(futures)
                 return [f.result() for f in futures]
             manager = ctx.Manager()
             try:
@@ -102,6 +104,7 @@ class ProcessLauncher:
                 futures = [pool.submit(_run_forwarding, t, q) for t in tasks]
                 while not all(f.done() for f in futures):
                     _dispatch(q, listeners, queue_mod.Empty, 0.1)
+                    _raise_first_failure(futures)
                 while _dispatch(q, listeners, queue_mod.Empty, 0.0):
                     pass
                 return [f.result() for f in futures]
@@ -119,6 +122,14 @@ class ProcessLauncher:
             raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _raise_first_failure(futures: Sequence[Any]) -> None:
+    """Raise the error of a task that failed, while the others still run: waiting for them all spent
+    their GPU time on a run that fails anyway."""
+    for f in futures:
+        if f.done() and f.exception() is not None:
+            raise f.exception()
 
 
 def _stop_manager(manager: Any) -> None:
