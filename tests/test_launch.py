@@ -94,6 +94,36 @@ def test_ray_launcher_matches_local(local_results, tmp_path):
     check_journal(path, results)
 
 
+_RAY_SIGTERM = """
+import os, signal, sys
+sys.path.insert(0, sys.argv[2])
+from kareus.launch.launchers import _broken_amdsmi_shim
+from kareus.registry import LAUNCHERS
+from test_launch import sim_tasks
+from pathlib import Path
+hit = []
+signal.signal(signal.SIGTERM, lambda signum, frame: hit.append(signum))  # as the CLI's own handler
+_broken_amdsmi_shim()
+mid_run = lambda event: None if hit else os.kill(os.getpid(), signal.SIGTERM)  # once, while Ray runs
+LAUNCHERS.build("ray", config={"num_cpus": 1, "num_gpus": 0}).run(sim_tasks(Path(sys.argv[1]), seeds=(2,))[:1],
+                                                                   listeners=[mid_run])
+os.kill(os.getpid(), signal.SIGTERM)  # and once Ray has shut down
+print("handled" if len(hit) == 2 else "lost", flush=True)
+"""
+
+
+def test_ray_leaves_the_programs_sigterm_handler_in_place(tmp_path):
+    """ray.init installed Ray's crash handler over the CLI's: a SIGTERM aborted (exit 134) without the
+    resume line, and left MLflow runs RUNNING."""
+    pytest.importorskip("ray")
+    script = tmp_path / "ray_sigterm.py"
+    script.write_text(_RAY_SIGTERM)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "j.sqlite"), str(Path(__file__).parent)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0 and done.stdout.strip().splitlines()[-1] == "handled", \
+        (done.returncode, done.stdout[-1000:], done.stderr[-2000:])
+
+
 def test_gpus_needed_and_task_json_round_trip(tmp_path):
     (task,) = sim_tasks(tmp_path / "j.sqlite", seeds=(1,))
     assert gpus_needed(task) == 0

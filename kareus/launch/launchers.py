@@ -6,9 +6,11 @@
 from __future__ import annotations
 
 import os
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from kareus.config.bounds import out_of_bounds
 from kareus.errors import KareusError
@@ -122,6 +124,24 @@ class ProcessLauncher:
             raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
+
+
+@contextmanager
+def _python_signal_handlers_kept() -> Iterator[None]:
+    """Put SIGTERM's and SIGINT's handlers back after the block: ``ray.init`` installs Ray's crash
+    handler over them, which aborts (exit 134) where Kareus' own exits 143 with the resume line."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():  # only the main thread sets handlers
+        yield
+        return
+    kept = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for signum, handler in kept.items():
+            if handler is not None:  # None: a handler set outside Python, which Python cannot put back
+                signal.signal(signum, handler)
 
 
 def _raise_first_failure(futures: Sequence[Any]) -> None:
@@ -239,11 +259,12 @@ class RayLauncher:
             env = {"env_vars": {"PYTHONPATH": path}}
             os.environ["PYTHONPATH"] = path  # Ray's own processes (raylet agents) inherit it
             try:
-                if self.cfg.address:
-                    ray.init(address=self.cfg.address, runtime_env=env, log_to_driver=False)
-                else:
-                    ray.init(num_cpus=self.cfg.num_cpus, num_gpus=self.cfg.num_gpus, include_dashboard=False,
-                             runtime_env=env, log_to_driver=False)
+                with _python_signal_handlers_kept():
+                    if self.cfg.address:
+                        ray.init(address=self.cfg.address, runtime_env=env, log_to_driver=False)
+                    else:
+                        ray.init(num_cpus=self.cfg.num_cpus, num_gpus=self.cfg.num_gpus, include_dashboard=False,
+                                 runtime_env=env, log_to_driver=False)
             finally:
                 if old is None:
                     os.environ.pop("PYTHONPATH", None)
@@ -266,7 +287,8 @@ class RayLauncher:
                 raise WorkerLost(f"launcher: a partition search's Ray worker died ({type(err).__name__})") from None
         finally:
             if started and self.cfg.shutdown:
-                ray.shutdown()
+                with _python_signal_handlers_kept():  # its shutdown resets them to the default too
+                    ray.shutdown()
 
     @staticmethod
     def _run_on_ray(ray: Any, tasks: Sequence[PartitionSearchTask], listeners: Sequence[Listener],
