@@ -422,3 +422,58 @@ def test_a_profiler_built_without_a_device_id_keys_thermal_state_by_the_backends
     cfg = ProfilerConfig(cooldown={"name": "thermal"}, frequency={"name": "sim"})
     assert Profiler(cfg, backend)._thermal_key == "thermal:node7:GPU-5d1f:ThermalCooldown"
     assert Profiler(cfg, backend, device_id="sim/x")._thermal_key == "thermal:sim/x:ThermalCooldown"
+
+
+_KILLED_PARENT = """
+import dataclasses, os, signal, sys
+sys.path.insert(0, sys.argv[2])
+from kareus.registry import LAUNCHERS
+from test_launch import sim_tasks
+
+def children():
+    mine = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == os.getpid():
+                    mine.append(int(entry))
+        except (OSError, ValueError, IndexError):
+            pass
+    return mine
+
+def on_event(event):
+    print(*children(), flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer ends the main process
+
+if __name__ == "__main__":  # spawned workers import this file
+    (task,) = sim_tasks(__import__("pathlib").Path(sys.argv[1]), seeds=(2,))
+    task = dataclasses.replace(task, search={"name": "mbo", "budget": 120, "batch_size": 4})
+    LAUNCHERS.build("process", config={"workers": 1}).run([task], listeners=[on_event])
+"""
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_workers_end_when_the_main_process_is_killed(tmp_path):
+    """A main process killed outright left its worker and event relay measuring into the journal."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("parent-death signal is Linux only")
+    script = tmp_path / "killed_parent.py"
+    script.write_text(_KILLED_PARENT)
+    out = tmp_path / "out.txt"
+    with out.open("w") as f:  # not a pipe: surviving children would hold it open
+        done = subprocess.run([sys.executable, str(script), str(tmp_path / "j.sqlite"), str(Path(__file__).parent)],
+                              stdout=f, stderr=subprocess.STDOUT, timeout=300, cwd=ROOT)
+    assert done.returncode == -signal.SIGKILL, out.read_text()[-2000:]
+    pids = [int(p) for p in out.read_text().splitlines()[0].split()]
+    assert len(pids) >= 2  # the worker and the event relay
+    deadline = time.monotonic() + 10
+    while any(map(_running, pids)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in pids if _running(p)]

@@ -93,14 +93,17 @@ class ProcessLauncher:
             return []
         n = self.cfg.workers or min(len(tasks), os.cpu_count() or 1)
         ctx = mp.get_context(self.cfg.start_method)
-        pool = ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_leave_ctrl_c_to_the_parent)
+        pool = ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_worker_start, initargs=(os.getpid(),))
         try:
             if not listeners:
                 futures = [pool.submit(run_search_task, t) for t in tasks]
                 wait(futures, return_when=FIRST_EXCEPTION)  # a failed task stops the others, whichever it is
                 _raise_first_failure(futures)
                 return [f.result() for f in futures]
-            manager = ctx.Manager()
+            from multiprocessing.managers import SyncManager
+
+            manager = SyncManager(ctx=ctx)
+            manager.start(_worker_start, (os.getpid(),))
             try:
                 q = manager.Queue()
                 futures = [pool.submit(_run_forwarding, t, q) for t in tasks]
@@ -165,6 +168,43 @@ def _stop_manager(manager: Any) -> None:
             proc = getattr(manager, "_process", None)
             if proc is not None and proc.is_alive():
                 proc.kill()
+
+
+def _worker_start(main_pid: int) -> None:
+    """Initializer of the workers and of the process relaying their events."""
+    _leave_ctrl_c_to_the_parent()
+    _die_with_the_parent(main_pid)
+
+
+def _die_with_the_parent(main_pid: int) -> None:
+    """SIGTERM this process when its parent dies (Linux): a main process killed outright (the OOM
+    killer, a scheduler that signals the main process alone) left its workers measuring into the
+    stopped run's journal, which a resume copies while it still grows. Under forkserver the parent is
+    the fork server, which itself ends when the main process does."""
+    import ctypes
+    import signal
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    pr_set_pdeathsig = 1
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+    except (OSError, AttributeError):  # no prctl in this libc: the worker outlives a killed parent, as before
+        return
+    if os.getppid() != parent or not _alive(main_pid):  # it died before the request took hold
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _leave_ctrl_c_to_the_parent() -> None:
