@@ -107,13 +107,16 @@ def _run_dir() -> Path:
     return Path(HydraConfig.get().runtime.output_dir)
 
 
-def _fail(lines: list[str], run_dir: Path | None) -> NoReturn:
-    """Print one line per problem, remove the job folder if this job made it for nothing, exit 2."""
+def _fail(lines: list[str], run_dir: Path | None, restore: bool = True) -> NoReturn:
+    """Print one line per problem, remove the job folder if this job made it for nothing, exit 2.
+    ``restore``: put back what Hydra rewrote in a folder that held a run (not once this run's outputs
+    replaced that run's)."""
     for line in lines:
         print(f"error: {line}", file=sys.stderr)
     if run_dir is not None:
         _remove_job_dir(run_dir)
-        _restore_kept()
+        if restore:
+            _restore_kept()
     sys.exit(2)
 
 
@@ -217,7 +220,7 @@ def app(cfg: DictConfig) -> Any:
     typed, problems = _checked(cfg)
     if typed is None:
         _fail(problems, run_dir)
-    from kareus.errors import JobRefused, KareusError, OutputClosed
+    from kareus.errors import JobRefused, KareusError, OutputClosed, RefusedWithOutputs
     from kareus.pipeline import run_mode
 
     describe = str(getattr(cfg.mode, "value", cfg.mode)) == "describe"
@@ -239,7 +242,7 @@ def app(cfg: DictConfig) -> Any:
     except KareusError as err:
         job = _sweep_job()
         if job is None:
-            _fail([str(err)], run_dir)
+            _fail([str(err)], run_dir, restore=not isinstance(err, RefusedWithOutputs))
         print(f"error: {job}: {err}", file=sys.stderr)
         _remove_job_dir(run_dir)
         _JOB.refused.append(job)

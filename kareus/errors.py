@@ -5,6 +5,11 @@ class KareusError(RuntimeError):
     """A user-facing failure (bad table, infeasible plan request, refused resume): one clear line."""
 
 
+class RefusedWithOutputs(KareusError):
+    """Refused once the run's outputs are on disk (no plan meets the request): the run folder keeps
+    the config Hydra saved for them, even where it held an earlier run."""
+
+
 class JobRefused:
     """What a sweep job refused at run time returns (it printed its one line): the sweep goes on, the
     sweep's MLflow run counts the job as failed, and the command exits 2 once every job has run."""

@@ -98,6 +98,37 @@ def test_a_resume_that_cannot_continue_is_refused_before_anything_is_recorded(fi
     assert (_files(target) if target.exists() else {}) == before  # no journal made in a foreign folder
 
 
+def test_a_refused_resume_in_place_names_what_differs_from_the_runs_own_config(first, tmp_path):
+    """Resuming into the old run's own folder: Hydra has rewritten its saved config by then."""
+    import shutil
+
+    work = tmp_path / "work"
+    shutil.copytree(first, work / "runs" / "a")
+    before = (work / "runs" / "a" / ".hydra" / "config.yaml").read_bytes()
+    res = kareus(work, *TINY, "seed=1", "resume=runs/a", "hydra.run.dir=runs/a", timeout=300)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    lines = error_lines(res.stderr)
+    assert len(lines) == 1 and lines[0].startswith("error: resume: "), lines
+    assert lines[0].endswith("; it differs in search.seed (0 -> 1), seed (0 -> 1)"), lines
+    assert (work / "runs" / "a" / ".hydra" / "config.yaml").read_bytes() == before
+
+
+def test_a_rerun_refused_at_the_plan_keeps_its_own_config_beside_its_outputs(first, tmp_path):
+    """The refusal comes after the rerun replaced the folder's outputs: the old config put back would
+    describe results that are gone, and the old plan_selected.yaml would pass for the rerun's."""
+    import shutil
+
+    work = tmp_path / "work"
+    shutil.copytree(first, work / "runs" / "a")
+    assert (work / "runs" / "a" / "plan_selected.yaml").is_file()
+    res = kareus(work, *TINY, "plan.deadline_s=0.000001", "hydra.run.dir=runs/a", "tracking.enabled=false",
+                 timeout=300)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert error_lines(res.stderr)[-1].startswith("error: plan: no plan meets plan.deadline_s=1e-06 s")
+    assert not (work / "runs" / "a" / "plan_selected.yaml").exists()
+    assert "deadline_s: 1.0e-06" in (work / "runs" / "a" / ".hydra" / "config.yaml").read_text()
+
+
 def test_a_relative_resume_is_found_from_the_start_folder_when_hydra_changes_into_the_job(first):
     cwd = first.parents[1]
     res = kareus(cwd, *TINY, "resume=runs/a", "hydra.run.dir=runs/chdir", "hydra.job.chdir=true",

@@ -217,6 +217,16 @@ def test_infeasible_requests_say_how_far_off(plans):
         select_plan(plans, PlanConfig(deadline_s=1.0, energy_budget_j=1.0))
 
 
+def test_run_outputs_replace_an_earlier_runs_plans(tmp_path, plans):
+    """A rerun into the same folder with fewer plans, or none selected, leaves no old plan to be taken
+    for its own."""
+    write_run_outputs(tmp_path, plans, plans[0])
+    (tmp_path / "plans" / "notes.txt").write_text("the user's")
+    write_run_outputs(tmp_path, plans[:2], None)
+    assert sorted(p.name for p in (tmp_path / "plans").iterdir()) == ["notes.txt", "plan_000.yaml", "plan_001.yaml"]
+    assert not (tmp_path / "plan_selected.yaml").exists()
+
+
 def test_plan_config_problems():
     assert PlanConfig().problems() == []
     assert any("positive" in p for p in PlanConfig(deadline_s=0.0).problems())

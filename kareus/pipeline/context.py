@@ -73,7 +73,8 @@ def build_context(cfg: DictConfig, typed: dict[str, Any], run_dir: Path,
     digest = config_hash(cfg)
     describe = str(getattr(cfg.mode, "value", cfg.mode)) == "describe"
     if cfg.get("resume"):
-        _continue_journal(_from_start_dir(str(cfg.resume)), run_dir, digest, cfg, copy=not describe)
+        _continue_journal(_from_start_dir(str(cfg.resume)), run_dir, digest, cfg, copy=not describe,
+                          previous_config=previous_config)
     elif not describe:
         _check_own_journal(run_dir, digest, cfg, previous_config)
     return RunContext(cfg=cfg, typed=typed, run_dir=run_dir, gpu=gpu, model=model, parallel=parallel,
@@ -132,13 +133,15 @@ def _differences(saved: Path | bytes | None, cfg: Any, most: int = 6) -> str:
     return f"; it differs in {', '.join(diff[:most])}{more}"
 
 
-def _continue_journal(old_run_dir: Path, run_dir: Path, digest: str, cfg: Any, copy: bool = True) -> None:
+def _continue_journal(old_run_dir: Path, run_dir: Path, digest: str, cfg: Any, copy: bool = True,
+                      previous_config: bytes | None = None) -> None:
     """Check the old run's journal read-only, then copy it into ``run_dir`` to be continued there.
 
     Every refusal is one ``resume: ...`` line, raised before the run records anything. The copy makes
     each run directory self-contained (a chain of resumes measures nothing twice) and leaves the old
     run exactly as it was. Resuming into the old run's own directory continues its journal in place.
     Without ``copy`` (describe, which measures nothing) the old journal is only checked.
+    ``previous_config``: as in ``build_context``, the saved config when the old run is ``run_dir``.
     """
     from kareus.errors import KareusError
     from kareus.profiler.journal import JournalError, JournalMismatchError, check_journal, copy_journal, journal_path_for
@@ -149,7 +152,9 @@ def _continue_journal(old_run_dir: Path, run_dir: Path, digest: str, cfg: Any, c
     try:
         check_journal(source, digest)
     except JournalMismatchError as err:
-        raise KareusError(f"resume: {err}{_differences(_saved_config(old_run_dir), cfg)}") from None
+        in_place = previous_config is not None and old_run_dir.resolve() == Path(run_dir).resolve()
+        saved = previous_config if in_place else _saved_config(old_run_dir)  # Hydra rewrote the in-place one
+        raise KareusError(f"resume: {err}{_differences(saved, cfg)}") from None
     except JournalError as err:
         raise KareusError(f"resume: {err}") from None
     if own.exists():

@@ -13,7 +13,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from kareus.errors import KareusError, OutputClosed
+from kareus.errors import KareusError, OutputClosed, RefusedWithOutputs
 from kareus.pipeline.context import RunContext, build_context
 
 
@@ -110,7 +110,7 @@ def _search_and_plan_on(ctx: RunContext, console: Console, compose: bool, backen
             summary.update(_compose_and_plan(ctx, console, backend, results, tracker))
             if "selection_error" in summary:  # refused once everything, the summary too, is on disk
                 _write_summary(ctx, summary)
-                raise KareusError(f"plan: {summary['selection_error']} (the frontier and all plans are in "
+                raise RefusedWithOutputs(f"plan: {summary['selection_error']} (the frontier and all plans are in "
                                   f"{ctx.run_dir})")
     _write_summary(ctx, summary)
     console.print(f"run directory: {ctx.run_dir}")  # where resume= and the frontiers point

@@ -36,9 +36,15 @@ def even_spread(n: int, max_rows: int) -> set[int]:
 
 def write_run_outputs(run_dir: str | Path, plans: Sequence[ExecutionPlan], selected: ExecutionPlan | None = None,
                       reference: Assignment | None = None) -> dict[str, Path]:
-    """Write ``frontier_iteration.csv``, ``plans/plan_NNN.yaml`` and ``plan_selected.yaml`` into ``run_dir``."""
+    """Write ``frontier_iteration.csv``, ``plans/plan_NNN.yaml`` and ``plan_selected.yaml`` into ``run_dir``.
+
+    Plan files of an earlier run in the same folder that this run does not write are removed, a
+    ``plan_selected.yaml`` too when nothing is selected: a launcher reading the folder must not take
+    an old plan for this run's.
+    """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    _remove_stale_plans(run_dir, {f"plan_{p.index:03d}.yaml" for p in plans}, keep_selected=selected is not None)
     out: dict[str, Path] = {}
     csv_path = run_dir / "frontier_iteration.csv"
     ref_t = reference.time_s if reference else None
@@ -64,6 +70,14 @@ def write_run_outputs(run_dir: str | Path, plans: Sequence[ExecutionPlan], selec
     if selected is not None:
         out["plan_selected"] = save_plan(selected, run_dir / "plan_selected.yaml")
     return out
+
+
+def _remove_stale_plans(run_dir: Path, current: set[str], keep_selected: bool) -> None:
+    stale = [p for p in (run_dir / "plans").glob("plan_*.yaml") if p.name not in current]
+    if not keep_selected:
+        stale.append(run_dir / "plan_selected.yaml")
+    for path in stale:
+        path.unlink(missing_ok=True)
 
 
 def frontier_table(plans: Sequence[ExecutionPlan], reference: Assignment | None = None,
