@@ -31,6 +31,10 @@ class _Job:
     jobs: int = 0  # sweep jobs this process started
     # a run folder that already held a run: the files Hydra rewrites in it, as they were (None: absent)
     kept: dict[Path, bytes | None] = field(default_factory=dict)
+    # a sweep folder that already held a sweep: its folders, and the Hydra files in them as they were
+    sweep_dirs: set[Path] = field(default_factory=set)
+    sweep_files: dict[Path, bytes] = field(default_factory=dict)
+    job_made: Path | None = None  # in such a sweep folder: the outermost folder this job created
 
 
 _JOB = _Job()
@@ -51,7 +55,14 @@ class RunDirCallback(Callback):
                                      str(OmegaConf.select(config, "hydra.output_subdir")))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        _JOB.made = _first_missing(Path(str(OmegaConf.select(config, "hydra.sweep.dir"))))
+        sweep = Path(os.path.abspath(str(OmegaConf.select(config, "hydra.sweep.dir"))))
+        _JOB.made = _first_missing(sweep)
+        if _JOB.made is None:  # each job's refusal puts back, or removes, what Hydra wrote for it
+            _JOB.sweep_dirs = {sweep, *(p for p in sweep.rglob("*") if p.is_dir())}
+            names = _hydra_file_names(str(OmegaConf.select(config, "hydra.job.name")),
+                                      str(OmegaConf.select(config, "hydra.output_subdir")))
+            _JOB.sweep_files = {d / n: (d / n).read_bytes() for d in _JOB.sweep_dirs for n in names
+                                if (d / n).is_file()}
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         """A sweep whose jobs all left nothing (a describe sweep, or every job refused) leaves no
@@ -64,11 +75,36 @@ class RunDirCallback(Callback):
             _remove_made(sweep)
 
 
+def _hydra_file_names(job_name: str, subdir: str) -> list[str]:
+    """The files Hydra writes into a run folder, relative to it."""
+    names = [f"{subdir}/{n}.yaml" for n in ("config", "hydra", "overrides")] if subdir != "None" else []
+    return [*names, f"{job_name}.log"]
+
+
 def _hydra_files(run_dir: Path, job_name: str, subdir: str) -> dict[Path, bytes | None]:
     """The files Hydra writes into a run folder, as they are now (None: absent)."""
-    paths = [run_dir / subdir / f"{n}.yaml" for n in ("config", "hydra", "overrides")] if subdir != "None" else []
-    paths.append(run_dir / f"{job_name}.log")
+    paths = [run_dir / n for n in _hydra_file_names(job_name, subdir)]
     return {p: (p.read_bytes() if p.is_file() else None) for p in paths}
+
+
+def _note_reused_sweep_job(run_dir: Path) -> None:
+    """A job of a sweep into a folder that held one: what its refusal must put back or remove."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not _JOB.sweep_dirs:
+        return
+    run_dir = Path(os.path.abspath(run_dir))
+    hc = HydraConfig.get()
+    if run_dir in _JOB.sweep_dirs:
+        _JOB.job_made = None
+        _JOB.kept = {run_dir / n: _JOB.sweep_files.get(run_dir / n)
+                     for n in _hydra_file_names(hc.job.name, str(hc.output_subdir))}
+        return
+    _JOB.kept = {}
+    made = run_dir
+    while made.parent not in _JOB.sweep_dirs and made.parent != made:
+        made = made.parent
+    _JOB.job_made = made if made.parent in _JOB.sweep_dirs else None  # None: a job folder outside the sweep's
 
 
 def _kept_config() -> bytes | None:
@@ -138,7 +174,7 @@ def _remove_job_dir(run_dir: Path) -> None:
 def _remove_made(folder: Path) -> None:
     """Delete ``folder`` if this run (or sweep) made it, then the folders above it that it made and
     left empty."""
-    made = _JOB.made
+    made = _JOB.job_made or _JOB.made
     if made is None or (folder != made and made not in folder.parents):
         return
     shutil.rmtree(folder, ignore_errors=True)
@@ -217,6 +253,7 @@ def app(cfg: DictConfig) -> Any:
     run_dir = _run_dir()
     _JOB.run_dir = run_dir
     _JOB.jobs += 1
+    _note_reused_sweep_job(run_dir)
     typed, problems = _checked(cfg)
     if typed is None:
         _fail(problems, run_dir)
@@ -245,6 +282,8 @@ def app(cfg: DictConfig) -> Any:
             _fail([str(err)], run_dir, restore=not isinstance(err, RefusedWithOutputs))
         print(f"error: {job}: {err}", file=sys.stderr)
         _remove_job_dir(run_dir)
+        if not isinstance(err, RefusedWithOutputs):
+            _restore_kept()
         _JOB.refused.append(job)
         return JobRefused(job)  # the sweep goes on; main() reports and exits 2 at its end
 

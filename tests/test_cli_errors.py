@@ -428,3 +428,24 @@ def test_describe_into_a_reader_that_leaves_stops_quietly_and_leaves_nothing(tmp
     assert proc.returncode == 128 + signal.SIGPIPE, err.decode()[-2000:]
     assert err.strip() == b""
     assert left_behind(tmp_path) == []
+
+
+def test_a_refused_job_in_a_reused_sweep_folder_leaves_the_earlier_jobs_as_they_were(tmp_path):
+    """Hydra rewrites a job folder's config before the job runs: a refused job put nothing back (the
+    folder's config no longer described its results) and left a folder of its own behind."""
+    tiny = ("+model=tiny", "parallel=pp1_tp2", "mode=search", "search=random", "search.budget=4", "progress=false",
+            "tracking.enabled=false", "hydra.sweep.dir=runs/sweep")
+    assert kareus(tmp_path, "-m", *tiny, "seed=0", timeout=240).returncode == 0
+    job = tmp_path / "runs" / "sweep" / "0"
+    before = {p: p.read_bytes() for p in sorted(job.rglob("*")) if p.is_file()}
+    res = kareus(tmp_path, "-m", *tiny, "seed=0,1", "resume=runs/nowhere", timeout=240)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert error_lines(res.stderr)[-1].startswith("error: 2 of 2 sweep jobs were refused")
+    assert {p: p.read_bytes() for p in sorted(job.rglob("*")) if p.is_file()} == before
+    assert sorted(p.name for p in (tmp_path / "runs" / "sweep").iterdir()) == ["0", "multirun.yaml"]
+    # a job refused for its folder's journal names what differs from the config that wrote it
+    res = kareus(tmp_path, "-m", *tiny, "seed=1", timeout=240)
+    lines = [ln for ln in error_lines(res.stderr) if ln.startswith("error: job 0")]
+    assert res.returncode == 2 and lines and lines[0].endswith("; it differs in search.seed (0 -> 1), seed (0 -> 1)"), \
+        res.stderr[-3000:]
+    assert {p: p.read_bytes() for p in sorted(job.rglob("*")) if p.is_file()} == before
