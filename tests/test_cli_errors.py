@@ -449,3 +449,12 @@ def test_a_refused_job_in_a_reused_sweep_folder_leaves_the_earlier_jobs_as_they_
     assert res.returncode == 2 and lines and lines[0].endswith("; it differs in search.seed (0 -> 1), seed (0 -> 1)"), \
         res.stderr[-3000:]
     assert {p: p.read_bytes() for p in sorted(job.rglob("*")) if p.is_file()} == before
+
+
+def test_a_first_run_on_a_fresh_machine_prints_no_library_log_lines(tmp_path, monkeypatch):
+    """matplotlib's INFO line about building its font cache reached stderr through Hydra's logging."""
+    monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path / "mpl"))  # no font cache yet
+    res = kareus(tmp_path, "+model=tiny", "parallel=pp1_tp2", "search=random", "search.budget=8", "progress=false",
+                 timeout=240)  # MLflow's plots import matplotlib
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert (tmp_path / "mpl").is_dir() and "matplotlib" not in res.stderr, res.stderr[-2000:]
