@@ -83,6 +83,25 @@ def test_compose_instruction_matches_enumeration_per_clock():
     assert 1200 not in {o.freq_mhz for o in opts}
 
 
+def test_per_clock_options_keep_each_clocks_front():
+    """With clock switches priced, an option beaten at another clock can still win (its stage stays at
+    one clock): the composer gets every clock's Pareto options."""
+    work = InstructionWork(0, Direction.FWD, (("a", 3), ("b", 2)))
+    ms = _measurements()
+    residual = {1000: (0.5, 1.0), 1400: (0.4, 1.5)}
+    opts = compose_instruction(work, ms, residual, per_clock=True)
+    assert [o.time_s for o in opts] == sorted(o.time_s for o in opts)
+    for f in (1000, 1400):
+        brute = [(3 * ma.time_s + 2 * mb.time_s + residual[f][0], 3 * ma.dynamic_energy_j + 2 * mb.dynamic_energy_j
+                  + residual[f][1]) for ma in ms["a"] if ma.candidate.freq_mhz == f and not ma.failed
+                 for mb in ms["b"] if mb.candidate.freq_mhz == f]
+        got = sorted((o.time_s, o.dynamic_energy_j) for o in opts if o.freq_mhz == f)
+        assert np.allclose(got, _pareto(brute))
+    merged = compose_instruction(work, ms, residual)
+    assert len(merged) < len(opts)
+    assert {(o.time_s, o.freq_mhz) for o in merged} < {(o.time_s, o.freq_mhz) for o in opts}
+
+
 def test_clock_without_residual_measurement_is_skipped_when_residual_work_exists():
     from kareus.types import Op, OpKind
 

@@ -206,3 +206,27 @@ def test_megatron_runs_wgrad_under_the_input_gradient_all_reduce(low_clock_run):
         at_wgrad = backend.measure(types[k], reference_candidate(k, ctx, None, megatron_slot(types[k])), 1.0)
         after = backend.measure(types[k], reference_candidate(k, ctx), 1.0)
         assert at_wgrad.time_s < after.time_s
+
+
+def test_with_switches_priced_every_clocks_own_options_reach_the_composer(low_clock_run):
+    """Options beaten at another clock were pruned before the composer saw a switch: a stage that could
+    have stayed at one clock had to switch (or run Megatron's layout) there."""
+    ctx, results, fixed, low, _ = low_clock_run
+    worse = low - 2 * ctx.gpu.step_mhz  # every partition and residual: slower and costlier than at ``low``
+
+    def more(x: float) -> float:  # a dynamic energy can read slightly below zero
+        return x + 0.2 * abs(x) + 1e-3
+
+    def dominated(m):
+        return dataclasses.replace(m, candidate=dataclasses.replace(m.candidate, freq_mhz=worse), freq_mhz=worse,
+                                   time_s=more(m.time_s), energy_j=more(m.energy_j),
+                                   dynamic_energy_j=more(m.dynamic_energy_j))
+
+    results = [dataclasses.replace(r, measurements=[*r.measurements, *map(dominated, r.measurements)])
+               for r in results]
+    fixed = dataclasses.replace(fixed, residual={k: {**v, worse: (more(v[low][0]), more(v[low][1]))}
+                                                 for k, v in fixed.residual.items()})
+    unpriced = compose(ctx, results, fixed)
+    assert all(o.freq_mhz != worse for opts in unpriced.options.values() for o in opts)
+    priced = compose(dataclasses.replace(ctx, gpu=dataclasses.replace(ctx.gpu, clock_switch_s=0.002)), results, fixed)
+    assert all(any(o.freq_mhz == worse for o in opts) for opts in priced.options.values())

@@ -77,12 +77,15 @@ def compose_clock(work: InstructionWork, measurements: Mapping[str, Sequence[Mea
 
 
 def compose_instruction(work: InstructionWork, measurements: Mapping[str, Sequence[Measurement]],
-                        residual: Mapping[int, tuple[float, float]]) -> list[InstructionOption]:
+                        residual: Mapping[int, tuple[float, float]], per_clock: bool = False) -> list[InstructionOption]:
     """Pareto options (time, dynamic energy) of one instruction over all clocks, sorted by time.
 
     ``residual[clock] = (time_s, dynamic_energy_j)`` is the measured non-partition work at that clock.
     A clock is skipped when some partition type has no measurement there, or when the instruction has
     residual ops but no residual measurement at that clock (nothing is guessed).
+    ``per_clock``: keep each clock's Pareto options, not only those of the whole set. Where clock
+    switches cost time, an option beaten at another clock can still be the best one: it lets a stage
+    stay at one clock.
     """
     clocks: set[int] = set(int(c) for c in residual)
     for key, count in work.partitions:
@@ -103,5 +106,7 @@ def compose_instruction(work: InstructionWork, measurements: Mapping[str, Sequen
         raise ValueError(f"instruction (stage {work.stage}, {work.direction.value}) has no clock at which every "
                          f"partition type (and the residual work) was measured; measured clocks: {have}, "
                          f"residual clocks: {sorted(residual)}")
+    if per_clock:
+        return sorted(options, key=lambda o: (o.time_s, o.dynamic_energy_j))
     keep = pareto_indices([o.time_s for o in options], [o.dynamic_energy_j for o in options])
     return [options[i] for i in keep]

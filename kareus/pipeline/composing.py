@@ -127,10 +127,10 @@ def measure_perseus_space(ctx: RunContext, profiler: Any, fixed: FixedWork) -> F
 
 
 def _options(work: Any, measurements: Mapping[str, Sequence[Measurement]],
-             residual: Mapping[int, tuple[float, float]], what: str) -> list[InstructionOption]:
+             residual: Mapping[int, tuple[float, float]], what: str, per_clock: bool) -> list[InstructionOption]:
     """``compose_instruction``, its refusal (every reading at every clock failed) as one error line."""
     try:
-        return compose_instruction(work, measurements, residual)
+        return compose_instruction(work, measurements, residual, per_clock=per_clock)
     except ValueError as err:
         raise KareusError(f"{what}: {err}; failed measurements stay in the journal, so a resume fails alike: "
                           "start a new run") from None
@@ -147,7 +147,9 @@ def compose(ctx: RunContext, results: Sequence[SearchResult], fixed: FixedWork) 
         known = measured.setdefault(key, [])
         if not anchor.failed and all(m.candidate != anchor.candidate for m in known):
             known.append(anchor)
-    options = {(w.stage, w.direction): _options(w, measured, fixed.residual[(w.stage, w.direction)], "compose")
+    per_clock = float(ctx.gpu.clock_switch_s) > 0  # priced switches: an option's own clock matters
+    options = {(w.stage, w.direction): _options(w, measured, fixed.residual[(w.stage, w.direction)], "compose",
+                                                per_clock)
                for w in ctx.partitioning.work}
     top = int(ctx.gpu.max_mhz)
     megatron = {k: [m for m in ms if not m.failed] for k, ms in fixed.megatron_partitions.items()}
@@ -157,8 +159,8 @@ def compose(ctx: RunContext, results: Sequence[SearchResult], fixed: FixedWork) 
         key = (w.stage, w.direction)
         residual = fixed.megatron_residual[key]
         ref_options[key] = _options(w, at_top, {f: v for f, v in residual.items() if f == top},
-                                    "Megatron's reference (its layout at the top clock)")[0]
-        perseus_options[key] = (_options(w, megatron, residual, "Megatron + Perseus") if fixed.perseus
+                                    "Megatron's reference (its layout at the top clock)", False)[0]
+        perseus_options[key] = (_options(w, megatron, residual, "Megatron + Perseus", per_clock) if fixed.perseus
                                 else [ref_options[key]])
         if ref_options[key] not in perseus_options[key]:
             perseus_options[key].append(ref_options[key])
