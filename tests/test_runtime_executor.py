@@ -204,6 +204,37 @@ def test_hook_refuses_schedules_that_bypass_or_miscount_its_steps(flag, value):
     assert ctl.calls == ["reset"]
 
 
+def test_a_training_call_is_refused_by_its_models_config_before_the_schedule_runs():
+    """Without a config given to plan_hooks, only forward_step checked one, and a schedule that never
+    calls it (combined_1f1b under overlap_moe_expert_parallel_comm) trained with no switch and no error."""
+    ran: list = []
+    fake = _fake_schedules([])
+    fake.forward_backward_no_pipelining = lambda **kw: ran.append(kw["forward_only"])
+    moe = SimpleNamespace(overlap_moe_expert_parallel_comm=True)
+    wrapped_twice = SimpleNamespace(module=SimpleNamespace(module=SimpleNamespace(config=moe)))  # DDP(Float16Module)
+    ctl = FakeController()
+    with plan_hooks(PlanExecutor(_plan(num_microbatches=4), ctl, stage=0), fake):
+        for model in ([SimpleNamespace(config=moe)], wrapped_twice):
+            with pytest.raises(UnsupportedScheduleError, match="overlap_moe_expert_parallel_comm"):
+                fake.forward_backward_no_pipelining(model=model, num_microbatches=4, forward_only=False)
+        fake.forward_backward_no_pipelining(model=[SimpleNamespace(config=moe)], num_microbatches=4, forward_only=True)
+    assert ran == [True] and ctl.calls == ["reset"]  # evaluation runs as it is, at the clock it finds
+
+
+def test_the_interleaved_schedule_is_refused_on_every_rank_before_it_runs():
+    """Refused only in the first forward step, the first pipeline rank raised while the others waited in
+    a receive from it until the communicator timed out."""
+    ran: list = []
+    fake = _fake_schedules([])
+    fake.forward_backward_pipelining_with_interleaving = lambda **kw: ran.append(kw["forward_only"])
+    original = fake.forward_backward_pipelining_with_interleaving
+    with plan_hooks(PlanExecutor(_plan(), FakeController(), stage=0), fake):
+        with pytest.raises(UnsupportedScheduleError, match="interleaved"):
+            fake.forward_backward_pipelining_with_interleaving(model=[], num_microbatches=4, forward_only=False)
+        fake.forward_backward_pipelining_with_interleaving(model=[], num_microbatches=4, forward_only=True)
+    assert ran == [True] and fake.forward_backward_pipelining_with_interleaving is original
+
+
 @pytest.mark.parametrize("scope", ["full_iteration", ["full_iteration"], ["attn", "full_iteration"]])
 def test_hook_refuses_a_full_iteration_cuda_graph(scope):
     """megatron-core captures forward_backward_func once and replays it: no forward_step runs again, so no
@@ -337,6 +368,12 @@ def test_hook_drives_megatron_core_schedule_on_cpu(monkeypatch):
             with pytest.raises(PlanMismatchError, match="covers 3 microbatches per iteration, but the schedule runs 2"):
                 wrapped(forward_step_func=forward_step_func, data_iterator=iter([torch.randn(2, 4)] * 2),
                         model=[model], num_microbatches=2, seq_length=4, micro_batch_size=2)
+            # megatron-core then trains in combined_1f1b, which calls neither forward_step nor backward_step
+            model.config.overlap_moe_expert_parallel_comm = True
+            with pytest.raises(UnsupportedScheduleError, match="overlap_moe_expert_parallel_comm"):
+                wrapped(forward_step_func=forward_step_func, data_iterator=iter([torch.randn(2, 4)] * 3),
+                        model=[model], num_microbatches=3, seq_length=4, micro_batch_size=2)
+            model.config.overlap_moe_expert_parallel_comm = False
         assert schedules.get_forward_backward_func() is run  # restored
     finally:
         parallel_state.destroy_model_parallel()

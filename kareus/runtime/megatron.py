@@ -9,9 +9,9 @@ backwards do not, and run in the order of their forwards (first in, first out), 
 non-interleaved schedules pair them.
 
 ``plan_hooks`` also wraps the schedule functions that ``get_forward_backward_func`` hands out, so a
-training call whose microbatch count or pipeline size differs from the plan's is refused before its
-first send or receive, and an evaluation call (``forward_only=True``) runs at the clock it finds, with
-no switches. A loop that fetched the schedule function before entering ``plan_hooks`` bypasses those
+training call whose microbatch count, pipeline size or model config the plan cannot follow is refused
+before its first send or receive (on every rank alike), and an evaluation call (``forward_only=True``)
+runs at the clock it finds, with no switches. A loop that fetched the schedule function before entering ``plan_hooks`` bypasses those
 wrappers; its forward steps still refuse a microbatch count other than the plan's. Leaving the block
 restores the functions and resets the clocks (``executor.reset()``).
 
@@ -21,7 +21,8 @@ backwards no longer follow forwards first in, first out), ``overlap_moe_expert_p
 (training runs forward and backward together in ``combined_1f1b``, never calling these functions)
 and ``hybrid_context_parallel`` (``current_microbatch`` counts sub-samples, not the plan's
 microbatches). Pass the model's config to ``plan_hooks`` to be told when the hooks are installed;
-without it, the first forward step that sees such a config or a ``vp_stage`` raises.
+without it, the wrapped schedule call reads its model's config and raises before it runs (a schedule
+fetched before the hooks: the first forward step that sees such a config or a ``vp_stage``).
 """
 from __future__ import annotations
 
@@ -39,7 +40,9 @@ UNSUPPORTED_FLAGS = {
     "hybrid_context_parallel": "its forward steps count sub-samples, not the plan's microbatches",
 }
 _FORWARD_MICROBATCHES, _FORWARD_CONFIG, _FORWARD_MICROBATCH, _FORWARD_VP_STAGE = 3, 6, 11, 12  # in forward_step
-SCHEDULE_FUNCTIONS = ("forward_backward_no_pipelining", "forward_backward_pipelining_without_interleaving")
+SCHEDULE_FUNCTIONS = ("forward_backward_no_pipelining", "forward_backward_pipelining_without_interleaving",
+                      "forward_backward_pipelining_with_interleaving")
+INTERLEAVED = "forward_backward_pipelining_with_interleaving"  # wrapped to refuse training before any receive
 
 
 class UnsupportedScheduleError(RuntimeError):
@@ -106,6 +109,14 @@ def _interleaved(what: str) -> str:
             "do not follow the forwards first in, first out, so they would run at another instruction's clock")
 
 
+def _model_config(model: Any) -> Any:
+    """The config of a schedule call's model (a module or a list of chunks); None when it has none."""
+    first = model[0] if isinstance(model, (list, tuple)) and model else model
+    while first is not None and getattr(first, "config", None) is None and hasattr(first, "module"):
+        first = first.module  # DDP / Float16Module wrappers, as megatron-core's get_model_config unwraps them
+    return getattr(first, "config", None)
+
+
 def _arg(args: tuple, kwargs: dict, name: str, index: int) -> Any:
     return kwargs[name] if name in kwargs else (args[index] if len(args) > index else None)
 
@@ -153,10 +164,15 @@ def plan_hooks(executor: PlanExecutor, schedules: Any = None, config: Any = None
     orig_schedules = {name: getattr(mod, name) for name in SCHEDULE_FUNCTIONS if hasattr(mod, name)}
     tracker = MicrobatchTracker()
 
-    def schedule(orig: Any) -> Any:
+    def schedule(name: str, orig: Any) -> Any:
         def run(*args: Any, **kwargs: Any) -> Any:
             evaluation = bool(kwargs.get("forward_only", False))
             if not evaluation:  # before the first send or receive, so every rank refuses alike
+                if name == INTERLEAVED:  # ranks past the first would wait in a receive for one that raised
+                    raise UnsupportedScheduleError(_interleaved(name))
+                model_config = _model_config(kwargs.get("model"))
+                if model_config is not None:  # some of them never call forward_step, whose check would tell
+                    check_schedule(model_config)
                 check_plan_fits(executor, kwargs.get("num_microbatches"), _pipeline_stages(kwargs))
             tracker.evaluation = evaluation
             try:
@@ -189,7 +205,7 @@ def plan_hooks(executor: PlanExecutor, schedules: Any = None, config: Any = None
     backward_step.__wrapped__ = orig_backward  # type: ignore[attr-defined]
     mod.forward_step, mod.backward_step = forward_step, backward_step
     for name, orig in orig_schedules.items():
-        setattr(mod, name, schedule(orig))
+        setattr(mod, name, schedule(name, orig))
     try:
         yield tracker
     finally:
