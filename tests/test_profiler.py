@@ -728,3 +728,59 @@ def test_three_repeats_keep_every_window():
     assert mad_outliers([1.0, 1.01, 0.99, 1.0, 1.5], 3.5) == [False, False, False, False, True]
     flagged = sum(any(mad_outliers(list(t), 3.5)) for t in rng.normal(1.0, 0.01, size=(2000, 5)))
     assert flagged < 0.25 * 2000
+
+
+class NVMLError_FunctionNotFound(Exception):  # pynvml builds one such class per NVML error code
+    pass
+
+
+def _nvml_device(monkeypatch, calls: list, with_v: bool, driver_has_v: bool = True):
+    from kareus.runtime.telemetry import NVMLDevice
+
+    fake = _fake_nvml(monkeypatch, calls)
+    fake.NVML_TEMPERATURE_GPU = 0
+    fake.NVMLError_FunctionNotFound = NVMLError_FunctionNotFound
+    fake.nvmlDeviceGetTemperature = lambda h, s: calls.append("old") or 61
+    fake.nvmlDeviceGetTotalEnergyConsumption = lambda h: 123456  # mJ
+    fake.nvmlDeviceGetPowerUsage = lambda h: 250500  # mW
+
+    def temperature_v(h, s):
+        calls.append("v")
+        if not driver_has_v:
+            raise NVMLError_FunctionNotFound()
+        return 62
+
+    if with_v:
+        fake.nvmlDeviceGetTemperatureV = temperature_v
+    return NVMLDevice(0)
+
+
+@pytest.mark.parametrize("with_v,driver_has_v,reads,calls_made", [
+    (True, True, [62, 62], ["v", "v"]),
+    (True, False, [61, 61], ["v", "old", "old"]),  # a driver without it: asked once, then the older call
+    (False, False, [61, 61], ["old", "old"]),  # an nvidia-ml-py without it
+])
+def test_nvml_temperature_uses_the_call_that_replaces_the_deprecated_one(monkeypatch, with_v, driver_has_v, reads,
+                                                                         calls_made):
+    calls: list = []
+    device = _nvml_device(monkeypatch, calls, with_v, driver_has_v)
+    assert [device.temperature_c(), device.temperature_c()] == reads
+    assert [c for c in calls if c in ("v", "old")] == calls_made
+    assert device.energy_j() == pytest.approx(123.456) and device.power_w() == pytest.approx(250.5)  # mJ, mW
+
+
+def test_nvml_is_shut_down_when_its_gpu_cannot_be_opened(monkeypatch):
+    from kareus.runtime.telemetry import NVMLDevice
+
+    calls: list = []
+    fake = _fake_nvml(monkeypatch, calls)
+
+    def missing(i):
+        raise RuntimeError("invalid argument")
+
+    fake.nvmlDeviceGetHandleByIndex = missing
+    with pytest.raises(RuntimeError):
+        NVMLDevice(9)
+    with pytest.raises(RuntimeError):
+        FREQUENCY_CONTROLLERS.build("nvml", None, config={"devices": [9]})
+    assert calls == ["init", "shutdown", "init", "shutdown"]

@@ -277,11 +277,16 @@ class NVMLFrequencyController(DeviceLockController):
         self._nvml = pynvml
         pynvml.nvmlInit()
         self._open = True
-        if cfg.devices:
-            handles = [pynvml.nvmlDeviceGetHandleByIndex(int(i)) for i in cfg.devices]
-        else:
-            handles = [nvml_handle(pynvml, own_cuda_index())]
-        super().__init__(handles, backend)
+        try:
+            if cfg.devices:
+                handles = [pynvml.nvmlDeviceGetHandleByIndex(int(i)) for i in cfg.devices]
+            else:
+                handles = [nvml_handle(pynvml, own_cuda_index())]
+            super().__init__(handles, backend)
+        except Exception:  # no such GPU: NVML is not left initialised by an object nobody can close
+            self._open = False
+            pynvml.nvmlShutdown()
+            raise
 
     def _lock_device(self, device: Any, mhz: int) -> None:
         self._nvml.nvmlDeviceSetGpuLockedClocks(device, mhz, mhz)

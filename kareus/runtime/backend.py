@@ -521,9 +521,10 @@ class CudaBackend(LockedClock):
             begin.record(self.main)
         for _ in range(n):
             run()
+        if self.cuda:  # the end marker first: a GPU that drained the queue already must not wait for the sample
+            end.record(self.main)
         freq = self._sampled_clock()  # sampled while the queued work runs
         if self.cuda:
-            end.record(self.main)
             end.synchronize()
             elapsed = begin.elapsed_time(end) / 1000.0
         else:

@@ -114,16 +114,29 @@ class NVMLDevice:
         import pynvml
 
         self._nvml = pynvml
+        self._temperature_v = hasattr(pynvml, "nvmlDeviceGetTemperatureV")
         pynvml.nvmlInit()
         self.index = index
-        self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        try:
+            self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        except Exception:  # no such GPU: NVML is not left initialised by an object nobody can close
+            pynvml.nvmlShutdown()
+            raise
 
     def name(self) -> str:
         n = self._nvml.nvmlDeviceGetName(self.handle)
         return n.decode() if isinstance(n, bytes) else str(n)
 
     def temperature_c(self) -> float:
-        return float(self._nvml.nvmlDeviceGetTemperature(self.handle, self._nvml.NVML_TEMPERATURE_GPU))
+        """nvmlDeviceGetTemperatureV where the driver has it: the older call is deprecated and goes with
+        CUDA 14, and a failing read would leave the thermal cooldown seeing an idle GPU."""
+        nvml = self._nvml
+        if self._temperature_v:
+            try:
+                return float(nvml.nvmlDeviceGetTemperatureV(self.handle, nvml.NVML_TEMPERATURE_GPU))
+            except nvml.NVMLError_FunctionNotFound:  # a driver from before it
+                self._temperature_v = False
+        return float(nvml.nvmlDeviceGetTemperature(self.handle, nvml.NVML_TEMPERATURE_GPU))
 
     def sm_clock_mhz(self) -> float:
         return float(self._nvml.nvmlDeviceGetClockInfo(self.handle, self._nvml.NVML_CLOCK_SM))
