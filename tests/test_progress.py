@@ -10,20 +10,31 @@ from kareus.tracking.progress import (NullProgress, PlainProgress, ProgressListe
 from tracking_fakes import search_events
 
 
+class Terminal(io.StringIO):
+    """A stream that is a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
 def test_modes_follow_setting_and_terminal():
-    tty = Console(file=io.StringIO(), force_terminal=True)
+    tty = Console(file=Terminal(), force_terminal=True)
     pipe = Console(file=io.StringIO(), force_terminal=False)
     assert isinstance(make_progress(False, console=tty), NullProgress)
     assert not isinstance(make_progress(False, console=tty), PlainProgress)
     assert isinstance(make_progress(True, console=tty), ProgressListener)
     plain = make_progress(True, console=pipe)
     assert isinstance(plain, PlainProgress) and not isinstance(plain, ProgressListener)
+    # FORCE_COLOR (many CI systems set it) makes rich call a pipe a terminal: a live bar there wrote
+    # cursor codes into the results
+    forced = make_progress(True, console=Console(file=io.StringIO(), force_terminal=True))
+    assert isinstance(forced, PlainProgress) and not isinstance(forced, ProgressListener)
 
 
 def test_rich_progress_tracks_each_partition():
     out = io.StringIO()
     console = Console(file=out, force_terminal=True, width=140)
-    with make_progress(True, console=console) as progress:
+    with make_progress(True, console=console, interactive=True) as progress:
         events = search_events("fwd_attn", n=8, batch=4, budget=10)
         for event in events[:6] + search_events("bwd_mlp", n=4, batch=4)[:-1]:  # interleaved partitions
             progress(event)

@@ -125,7 +125,16 @@ def make_progress(enabled: bool = True, console: Any = None, simulated: bool = T
     if interactive is None:
         from rich.console import Console
 
-        interactive = (console or Console()).is_terminal
+        interactive = _live_terminal(console or Console())
     if interactive:
         return ProgressListener(console=console, simulated=simulated)
     return PlainProgress(simulated=simulated)
+
+
+def _live_terminal(console: Any) -> bool:
+    """Whether the console writes to a terminal. rich's ``is_terminal`` also says so under FORCE_COLOR
+    (set by many CI systems) for a pipe or a file, where a live bar leaves cursor codes in the results."""
+    try:
+        return bool(console.is_terminal and console.file.isatty())
+    except (AttributeError, ValueError, OSError):  # a closed or file-less stream
+        return False
