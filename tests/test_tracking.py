@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import os
 import io
 import json
@@ -564,3 +565,50 @@ def test_overrides_read_alike_in_single_runs_and_sweep_jobs():
     assert normal_override("progress=False") == "progress=false" and normal_override("name=False x") == "name=False x"
     assert override_tags(["progress=False"])["override.progress"] == "false"
     assert default_run_name({"model": "tiny"}, ["search.greedy=True"]) == "tiny search.greedy=true"
+
+
+def test_a_failed_mlflow_write_loses_no_candidate_metric(store, client, monkeypatch):
+    """The buffer was emptied before the write: one write that failed left a hole in every history."""
+    tracker = Tracker(TrackingConfig(), base=store)
+    tracker.start(RESOLVED, CHOICES, [])
+    factory = dataclasses.replace(tracker.partition_listener_factory("fwd_attn"), flush_interval_s=0.0, plots=False)
+    listener = factory()
+    events = search_events("fwd_attn", n=4, batch=4)
+    listener(events[0])  # SearchStarted: the run exists
+    real = listener.client.log_batch
+    calls = []
+
+    def busy_once(*args, **kwargs):
+        calls.append(kwargs.get("metrics"))
+        if len(calls) == 2:
+            raise OSError("database is locked")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(listener.client, "log_batch", busy_once)
+    monkeypatch.setattr("kareus.tracking.partition.retry", lambda fn, *a, **kw: fn(*a, **kw))
+    for event in events[1:]:
+        listener(event)
+    tracker.end()
+    assert listener.errors == 1 and listener.finished
+    assert sorted(m.step for m in client.get_metric_history(listener.run_id, "time_s")) == [0, 1, 2, 3]
+    assert client.get_run(listener.run_id).info.status == "FINISHED"
+
+
+def test_a_finished_search_whose_plots_could_not_be_written_ends_finished(store, client, monkeypatch):
+    """A failed artifact write at the end left the run to be closed KILLED after a search that ended."""
+    tracker = Tracker(TrackingConfig(), base=store)
+    tracker.start(RESOLVED, CHOICES, [])
+    listener = tracker.partition_listener_factory("fwd_attn")()
+
+    def disk_full(*args, **kwargs):
+        raise OSError("no space left on device")
+
+    monkeypatch.setattr(listener.client, "log_artifacts", disk_full)
+    monkeypatch.setattr("kareus.tracking.partition.retry", lambda fn, *a, **kw: fn(*a, **kw))
+    for event in search_events("fwd_attn", n=8, batch=4):
+        listener(event)
+    listener.close()  # as run_search_task closes every listener
+    tracker.end()
+    assert listener.errors == 1
+    run = client.get_run(listener.run_id)
+    assert run.info.status == "FINISHED" and run.data.metrics["hypervolume_final"] > 0

@@ -64,9 +64,11 @@ def run_search_task(task: PartitionSearchTask, listeners: Sequence[Callable[[Any
     try:
         backend = HARDWARE.build(hw["name"], config=hw, seed=task.seed)
         try:
-            return _search(task, backend, bus)
+            result = _search(task, backend, bus)
         finally:
             _close(backend)  # a real GPU backend's NCCL communicators hold GPU memory and threads
+        ended = "FINISHED"  # a run its listener could not end itself (a failed write) ends as the search did
+        return result
     except Exception:
         ended = "FAILED"  # an error, not a signal: MLflow's FAILED filter must find it
         raise

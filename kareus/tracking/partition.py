@@ -63,6 +63,7 @@ class PartitionRunListener:
         self._slots: dict[str, int] = {s: i for i, s in enumerate(spec.slot_labels)}
         self._client = None
         self._pending: list[Any] = []  # candidate metrics not yet written
+        self._pending_params: list[Any] = []  # params whose write failed: the next flush retries them
         self._last_flush = time.monotonic()
 
     # ---- event dispatch -------------------------------------------------------------------
@@ -117,14 +118,25 @@ class PartitionRunListener:
         self.flush(ps)
 
     def flush(self, params: list[Any] | None = None) -> None:
-        """Write buffered metrics now (in chunks within MLflow's batch limit)."""
+        """Write buffered metrics now (in chunks within MLflow's batch limit). What a failed write held
+        goes back to the buffer for the next flush or ``close``: a store that is busy once (a lock
+        that outlasted the retries, a server's 5xx) leaves no hole in a candidate's history."""
         ms, self._pending = self._pending, []
+        ps, self._pending_params = [*self._pending_params, *(params or [])], []
         self._last_flush = time.monotonic()
-        if not ms and not params:
+        if not ms and not ps:
             return
-        run_id = self._ensure_run()
-        for i in range(0, max(len(ms), 1), 1000):
-            retry(self.client.log_batch, run_id, metrics=ms[i:i + 1000], params=(params or []) if i == 0 else [])
+        written = 0
+        try:
+            run_id = self._ensure_run()
+            for i in range(0, max(len(ms), 1), 1000):
+                retry(self.client.log_batch, run_id, metrics=ms[i:i + 1000], params=ps if i == 0 else [])
+                written = i + 1000
+        except BaseException:
+            self._pending[:0] = ms[written:]
+            if not written:
+                self._pending_params[:0] = ps
+            raise
 
     # ---- handlers -------------------------------------------------------------------------
     def _started(self, ev: SearchStarted) -> None:
@@ -158,6 +170,14 @@ class PartitionRunListener:
         self._write_candidates()
 
     def _finished(self, ev: SearchFinished) -> None:
+        """Record the frontier and end the run FINISHED: the search did finish, so a write that fails
+        here (warned and counted) leaves the run's record short, not the run KILLED."""
+        try:
+            self._record_finish(ev)
+        finally:
+            self.close("FINISHED")
+
+    def _record_finish(self, ev: SearchFinished) -> None:
         records.mark_frontier(self.rows, ev.frontier)
         if not self.hv or self.hv[-1][0] != ev.profiled:
             self.hv.append((ev.profiled, ev.hypervolume))
@@ -177,8 +197,6 @@ class PartitionRunListener:
         retry(self.client.log_table, run_id, table, "frontier.json")
         if self.spec.plots:
             self._plots(ev)
-        retry(self.client.set_terminated, run_id, "FINISHED")
-        self.finished = True
 
     def _curve_at_final_reference(self) -> list[tuple[int, float]]:
         """The hypervolume after each batch against the search's final reference point."""
@@ -217,8 +235,12 @@ class PartitionRunListener:
             retry(self.client.log_artifacts, self.run_id, tmp, "plots")
 
     def close(self, status: str = "KILLED") -> None:
-        """End the run if the search stopped without SearchFinished (an error, an interrupt)."""
-        if self.run_id is not None and not self.finished:
+        """End the run (an error, an interrupt: the search stopped without SearchFinished), writing
+        what is buffered first; a run whose end could not be written stays open for the next call."""
+        if self.run_id is None or self.finished:
+            return
+        try:
             self.flush()
+        finally:
             retry(self.client.set_terminated, self.run_id, status)
             self.finished = True
