@@ -477,3 +477,25 @@ def test_workers_end_when_the_main_process_is_killed(tmp_path):
     while any(map(_running, pids)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [p for p in pids if _running(p)]
+
+
+def test_a_ray_cluster_of_several_nodes_is_refused_before_any_search(tmp_path, monkeypatch):
+    """Every search appends to one SQLite journal in WAL mode, which keeps its rows whole only for
+    writers on one host."""
+    import types
+
+    from kareus.errors import KareusError
+
+    ran: list = []
+    fake = types.ModuleType("ray")
+    fake.is_initialized = lambda: True  # a cluster the program connected to itself
+    fake.cluster_resources = lambda: {"CPU": 64.0, "GPU": 16.0}
+    fake.nodes = lambda: [{"Alive": True}, {"Alive": True}, {"Alive": False}]
+    fake.remote = lambda fn: ran.append(fn)
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    with pytest.raises(KareusError, match="the Ray cluster has 2 nodes"):
+        LAUNCHERS.build("ray", config={}).run(sim_tasks(tmp_path / "j.sqlite"))
+    assert ran == [] and not (tmp_path / "j.sqlite").exists()
+    fake.nodes = lambda: [{"Alive": True}, {"Alive": False}]  # one node alive: past the check, to the searches
+    with pytest.raises(AttributeError, match="exceptions"):  # (which need more of Ray than this fake has)
+        LAUNCHERS.build("ray", config={}).run(sim_tasks(tmp_path / "j.sqlite"))

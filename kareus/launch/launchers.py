@@ -226,7 +226,7 @@ def _terminate_workers(pool: Any) -> None:
 @dataclass
 class RayLauncherConfig:
     name: str = "ray"
-    address: Optional[str] = None  # a cluster ("auto", "ray://head:10001"); None: embedded Ray on this machine
+    address: Optional[str] = None  # a one-node cluster ("auto"); None: embedded Ray on this machine
     num_cpus: Optional[int] = None  # resources of an embedded Ray (None: Ray detects them)
     num_gpus: Optional[int] = None
     gpus_per_task: Optional[float] = None  # None: the TP group on real GPUs, 0 on sim/replay
@@ -272,8 +272,8 @@ _SHIM: list[str] = []
 class RayLauncher:
     """One Ray task per partition search, reserving the GPUs one measurement occupies.
 
-    Ray is an optional extra (``pip install kareus[ray]``). On a cluster, every node needs kareus
-    installed and the run directory (the journal) on storage every node can reach.
+    Ray is an optional extra (``pip install kareus[ray]``). The cluster must be one node: the run's
+    journal is SQLite in WAL mode, whose writers must share a host (a cluster of several is refused).
     """
 
     def __init__(self, cfg: RayLauncherConfig) -> None:
@@ -317,6 +317,12 @@ class RayLauncher:
             if need > have:
                 raise KareusError(f"launcher: a partition search needs {need:g} GPU(s) but the Ray cluster has "
                                   f"{have:g}; set launcher.gpus_per_task or add GPU nodes")
+            nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
+            if nodes > 1:
+                raise KareusError(f"launcher: the Ray cluster has {nodes} nodes, but every search appends to one "
+                                  "measurement journal (SQLite in WAL mode), which SQLite keeps whole only for "
+                                  "processes on one host: rows written from other nodes could be lost; run "
+                                  "launcher=ray on a one-node cluster, or launcher=process")
             opts = lambda t: {"num_gpus": self._gpus(t), "num_cpus": self.cfg.cpus_per_task,  # noqa: E731
                               "max_retries": 0}
             lost = (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError, ray.exceptions.OutOfMemoryError,
