@@ -383,3 +383,20 @@ def test_with_switches_priced_no_one_clock_plan_beats_the_frontier(seed):
         for pick in (lambda o: o.time_s, lambda o: o.dynamic_energy_j):  # fastest, cheapest at that clock
             plan = fixed_option_iteration(dag, {k: min(v, key=pick) for k, v in at.items()}, 75.0, 4, S, switch_s)
             assert _dominated_or_matched(frontier, plan), (clock, plan.time_s, plan.energy_j)
+
+
+def test_the_energy_descent_takes_no_move_whose_clock_switches_cost_more_than_it_saves():
+    """The descent priced a slower, cheaper option without the switches it adds: moving one stage's
+    forward to another clock saved 0.1 J of dynamic energy and cost 0.15 J of static energy."""
+    from kareus.compose.lp import _slow_down, _Switching, _tables
+
+    dag = pipeline_dag("1f1b", 1, 1)  # one stage: F0 then B0, each the other's neighbour
+    opts = {(0, F): [InstructionOption(1.0, 2.0, 1410, {}), InstructionOption(1.1, 1.9, 1200, {})],
+            (0, B): [InstructionOption(2.0, 4.0, 1410, {})]}
+    tables = [_tables(opts)[n.key] for n in dag.nodes]
+    top = np.zeros(len(dag), dtype=int)
+    assert list(_slow_down(dag, tables, top, 0.5)) == [1, 0]  # switches free: the cheaper clock wins
+    sw = _Switching.of(dag, 0.1)
+    assert list(_slow_down(dag, tables, top, 0.5, sw)) == [0, 0]
+    model = CostModel(dag, opts, 0.5, 1, 1, 0.1)
+    assert model.assess((1, 0)).energy_j > model.assess((0, 0)).energy_j  # what the refused move would cost

@@ -262,7 +262,8 @@ class _Sweep:
         for choice in sorted(self.found, key=energy.__getitem__)[:DESCENT_STARTS]:
             pos = np.array([int(np.flatnonzero(tb.idx == c)[0]) for tb, c in zip(self.node_tab, choice)])
             for _ in range(DESCENT_PASSES):
-                new = _slow_down(self.dag, self.node_tab, pos, self.model.static_power_w * self.model.num_stages)
+                new = _slow_down(self.dag, self.node_tab, pos, self.model.static_power_w * self.model.num_stages,
+                                 self.sw)
                 if np.array_equal(new, pos):
                     break
                 pos = new
@@ -296,15 +297,19 @@ DESCENT_STARTS = 2  # the cheapest points found that each descend
 DESCENT_PASSES = 8  # at most this many passes per descent (each stops early once no move helps)
 
 
-def _slow_down(dag: PipelineDAG, node_tab: Sequence[_KeyTable], pos: np.ndarray, static_per_s: float) -> np.ndarray:
+def _slow_down(dag: PipelineDAG, node_tab: Sequence[_KeyTable], pos: np.ndarray, static_per_s: float,
+               sw: _Switching | None = None) -> np.ndarray:
     """One pass of exact energy descent: each node in turn takes the slower option that lowers
     dynamic energy + ``static_per_s`` x iteration time most (both per GPU of a stage).
 
     Slowing node i alone leaves its earliest start and the longest path after it unchanged, so the
-    new iteration time is max(T, start_i + d_i' + tail_i), exact for every option at once.
+    new iteration time is max(T, start_i + d_i' + tail_i), exact for every option at once. With clock
+    switches priced (``sw``), d_i' includes the switch before node i at that option's clock; the
+    switch it adds or drops before the stage's next instruction moves that one too, so the best move
+    is priced again on the whole DAG and taken only if it still lowers the energy.
     """
     pos = pos.copy()
-    dur = np.array([tb.t[p] for tb, p in zip(node_tab, pos)])
+    dur, clk = _durations(node_tab, pos, sw)
     start, finish = critical_path(dag, dur)
     makespan = float(finish.max())
     tail = _tails(dag, dur)
@@ -312,15 +317,23 @@ def _slow_down(dag: PipelineDAG, node_tab: Sequence[_KeyTable], pos: np.ndarray,
         p = pos[i]
         if p + 1 >= len(tb.t):
             continue
-        ends = np.maximum(makespan, start[i] + tb.t[p + 1:] + tail[i])
+        own = tb.t[p + 1:]
+        if sw is not None:
+            own = own + sw.seconds * (tb.f[p + 1:] != clk[sw.prev[i]])
+        ends = np.maximum(makespan, start[i] + own + tail[i])
         gain = (tb.e[p] - tb.e[p + 1:]) - static_per_s * (ends - makespan)
         j = int(np.argmax(gain))
-        if gain[j] <= 1e-12 * max(1.0, abs(tb.e[p])):
+        least = 1e-12 * max(1.0, abs(tb.e[p]))
+        if gain[j] <= least:
             continue
-        pos[i] = p + 1 + j
-        dur[i] = tb.t[pos[i]]
-        start, finish = critical_path(dag, dur)
-        makespan = float(finish.max())
+        trial = pos.copy()
+        trial[i] = p + 1 + j
+        trial_dur, trial_clk = _durations(node_tab, trial, sw)
+        trial_start, trial_finish = critical_path(dag, trial_dur)
+        trial_end = float(trial_finish.max())
+        if sw is not None and (tb.e[p] - tb.e[p + 1 + j]) - static_per_s * (trial_end - makespan) <= least:
+            continue
+        pos, dur, clk, start, makespan = trial, trial_dur, trial_clk, trial_start, trial_end
         tail = _tails(dag, dur)
     return pos
 
