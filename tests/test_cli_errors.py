@@ -291,6 +291,21 @@ def test_a_replayed_tables_range_is_what_the_table_holds(tmp_path):
     assert left_behind(tmp_path) == []
 
 
+def test_a_replayed_table_with_clocks_the_gpu_cannot_lock_is_one_line(tmp_path):
+    """Each candidate at such a clock failed to lock and was charged to the budget: a search of an H100
+    table under the A100 description ended with every profile failed, an empty frontier and exit 0."""
+    from kareus.hardware.tables import convert_a100_attention
+
+    table = convert_a100_attention(Path(__file__).resolve().parents[2] / "shared" / "data" / "a100_attention_tp2",
+                                   tmp_path / "table.csv")
+    res = kareus(tmp_path, "hardware=replay", f"hardware.table={table}", "hardware.max_mhz=1395", "mode=search")
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert error_lines(res.stderr) == ["error: hardware: replay recorded clocks 1410 MHz, which A100-SXM4-40GB cannot "
+                                       "lock (210..1395 in 15 MHz steps); describe the GPU the table was recorded on "
+                                       "with hardware.gpu, hardware.min_mhz, hardware.max_mhz and hardware.step_mhz"]
+    assert left_behind(tmp_path) == []
+
+
 def test_a_real_gpu_backend_without_a_gpu_is_one_line(tmp_path):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():

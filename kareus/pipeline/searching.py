@@ -33,6 +33,15 @@ def space_sizes(ctx: RunContext, backend: Any, partitions: Sequence[PartitionTyp
         more = f" (and {len(unmeasurable) - 1} more partitions alike)" if len(unmeasurable) > 1 else ""
         raise KareusError(f"hardware: {unmeasurable[0]}{more}")
     fixed = {p.key: backend.space(p) for p in partitions}
+    unlockable = sorted({int(c.freq_mhz) for space in fixed.values() for c in space or ()
+                         if not ctx.gpu.supports_clock(int(c.freq_mhz))})
+    if unlockable:  # every candidate at such a clock would fail to lock, each one charged to the budget
+        shown = ", ".join(map(str, unlockable[:6])) + (f" and {len(unlockable) - 6} more" if len(unlockable) > 6 else "")
+        raise KareusError(f"hardware: {ctx.hardware_name} recorded clocks {shown} MHz, which "
+                          f"{ctx.gpu.name} cannot lock "
+                          f"({ctx.gpu.min_mhz}..{ctx.gpu.max_mhz} in {ctx.gpu.step_mhz} MHz steps); describe the GPU "
+                          f"the table was recorded on with hardware.gpu, hardware.min_mhz, hardware.max_mhz and "
+                          f"hardware.step_mhz")
     missing = [k for k, space in fixed.items() if space is not None and not space]
     if missing:  # a recorded table that lacks this workload's partitions: nothing to search or compose
         raise KareusError(f"hardware: {ctx.hardware_name} holds no measurements of partition(s) {', '.join(missing)}; "
