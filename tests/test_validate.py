@@ -277,6 +277,14 @@ SEARCH_RULES = [
     ("search.surrogate.subsample=0", "search.surrogate.subsample: must be in (0, 1], got 0.0"),
     ("search.surrogate.min_child_weight=-1", "search.surrogate.min_child_weight: must be >= 0, got -1.0"),
     ("search.surrogate.name=foo", "search.surrogate.name: unknown surrogate 'foo'; known: xgboost"),
+    # NaN passed every "< 0" check and searched worse, quietly
+    ("search.kappa=nan", "search.kappa: must be a finite number >= 0, got nan"),
+    ("search.ref_margin=inf", "search.ref_margin: must be a finite number >= 0, got inf"),
+    ("search.shares.total=nan", "search.shares.total: must be a finite number >= 0, got nan"),
+    ("search.surrogate.clip_margin=nan", "search.surrogate.clip_margin: must be a finite number >= 0, got nan"),
+    # xgboost took a seed past 64 bits for a crash mid-search, numpy's and Optuna's past 32
+    ("search.seed=4294967296", "search.seed: must be in 0..4294967295 (numpy's and Optuna's seeds are 32-bit), got "
+                               "4294967296"),
 ]
 
 PEER_RULES = [
@@ -329,6 +337,12 @@ def test_simulator_parameters_that_turn_its_physics_around_are_refused(override,
 @pytest.mark.parametrize("override,line", SEARCH_RULES, ids=[o for o, _ in SEARCH_RULES])
 def test_search_rule(override, line):
     assert problems(override) == [line]
+
+
+def test_the_run_seed_is_a_32_bit_unsigned_number():
+    got = problems("seed=99999999999999999999")
+    assert "seed: must be in 0..4294967295 (numpy's and Optuna's seeds are 32-bit), got 99999999999999999999" in got, got
+    assert problems("seed=4294967295") == []
 
 
 def test_search_shares_name_known_passes():

@@ -5,6 +5,9 @@ import math
 from typing import Any, Iterable
 
 
+MAX_SEED = 2**32 - 1  # numpy's RandomState and Optuna's samplers take 32-bit seeds; xgboost fails past 64 bits
+
+
 def out_of_bounds(cfg: Any, prefix: str = "", *, positive: Iterable[str] = (), nonnegative: Iterable[str] = (),
                   at_least_one: Iterable[str] = ()) -> list[str]:
     """One problem line per field outside its bound (None means unset and passes), fields in order.

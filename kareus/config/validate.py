@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kareus.config.bounds import MAX_SEED
 from kareus.config.store import plain_schema
 from kareus.hardware.base import GPUSpec
 from kareus.registry import (COMPOSERS, HARDWARE, LAUNCHERS, PARTITIONERS, SEARCHERS, Registry,
@@ -217,8 +218,8 @@ def validate(cfg: Any) -> dict[str, Any]:
         except Exception as exc:
             problems += [ln if ln.startswith("hardware") else f"hardware: {ln}" for ln in str(exc).splitlines() if ln]
     mode = str(getattr(cfg.mode, "value", cfg.mode))
-    if isinstance(cfg.get("seed"), int) and cfg.seed < 0:
-        problems.append(f"seed: must be >= 0 (numpy and the searchers take unsigned seeds), got {cfg.seed}")
+    if isinstance(cfg.get("seed"), int) and not 0 <= cfg.seed <= MAX_SEED:
+        problems.append(f"seed: must be in 0..{MAX_SEED} (numpy's and Optuna's seeds are 32-bit), got {cfg.seed}")
     model = cfg.get("model")
     if model is not None and _missing_keys(model):
         model = None  # its missing keys are reported above; rules over it would only repeat them

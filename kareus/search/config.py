@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from kareus.config.bounds import out_of_bounds
+from kareus.config.bounds import MAX_SEED, out_of_bounds
 from kareus.search.space import SpaceConfig
 
 
@@ -256,8 +256,9 @@ def _mbo_problems(cfg: MBOConfig) -> list[str]:
     unknown = [k for k in cfg.shares if k not in valid]
     if unknown:
         out.append(f"search.shares: unknown pass(es) {unknown}; allowed: {', '.join(valid)}")
-    neg = {k: v for k, v in cfg.shares.items() if v < 0}
-    out += [f"search.shares.{k}: must be >= 0, got {v}" for k, v in neg.items()]
+    neg = {k: v for k, v in cfg.shares.items() if not (math.isfinite(v) and v >= 0)}
+    out += [f"search.shares.{k}: must be {'' if math.isfinite(v) else 'a finite number '}>= 0, got {v}"
+            for k, v in neg.items()]
     if not neg and cfg.passes and sum(cfg.shares.get(p.value, 0.0) for p in cfg.passes) <= 0:
         out.append("search.shares: the chosen passes' shares sum to 0")
     if cfg.passes and all(p.value in BATCH_POLICIES for p in cfg.passes):
@@ -273,15 +274,14 @@ def _mbo_problems(cfg: MBOConfig) -> list[str]:
     for key in ("rounds", "threads"):
         if getattr(s, key) <= 0:
             out.append(f"search.surrogate.{key}: must be > 0, got {getattr(s, key)}")
-    if s.clip_margin < 0:
-        out.append(f"search.surrogate.clip_margin: must be >= 0, got {s.clip_margin}")
     try:
         Centre(s.center)
     except ValueError:
         out.append(f"search.surrogate.center: invalid value {s.center!r}; allowed: {', '.join(c.value for c in Centre)}")
     if s.gp_min_points < 2:
         out.append(f"search.surrogate.gp_min_points: must be >= 2 (a GP needs points to fit), got {s.gp_min_points}")
-    out += out_of_bounds(s, "search.surrogate.", positive=("learning_rate",), nonnegative=("min_child_weight",))
+    out += out_of_bounds(s, "search.surrogate.", positive=("learning_rate",), nonnegative=("min_child_weight",
+                                                                                          "clip_margin"))
     if not 0 < s.subsample <= 1:
         out.append(f"search.surrogate.subsample: must be in (0, 1], got {s.subsample}")
     for key, chosen in (("expected", cfg.expected), ("per_clock", cfg.per_clock)):
@@ -293,9 +293,9 @@ def _mbo_problems(cfg: MBOConfig) -> list[str]:
             out.append(f"search.{key}: must be in [0, 1], got {getattr(cfg, key)}")
     if cfg.min_per_slot < 0:
         out.append(f"search.min_per_slot: must be >= 0, got {cfg.min_per_slot}")
-    for key in ("kappa", "stop_gain", "ref_margin"):
-        if getattr(cfg, key) < 0:
-            out.append(f"search.{key}: must be >= 0, got {getattr(cfg, key)}")
+    out += out_of_bounds(cfg, "search.", nonnegative=("kappa", "stop_gain", "ref_margin"))
+    if not 0 <= cfg.seed <= MAX_SEED:
+        out.append(f"search.seed: must be in 0..{MAX_SEED} (numpy's and Optuna's seeds are 32-bit), got {cfg.seed}")
     return out
 
 
