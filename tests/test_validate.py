@@ -377,6 +377,13 @@ def test_artifact_policy_shares():
 # ------------------------------------------------------------------- search space against the GPU
 
 
+def test_an_sms_list_beside_an_sms_range_is_refused():
+    """The list won and the range was ignored (on a recorded table both filtered: the paths disagreed)."""
+    assert problems("search.space.sms=[4,8]", "search.space.sms_min=10") == [
+        "search.space.sms: an explicit list replaces the range, but sms_min is set too; give the list or the range"]
+    assert problems("search.space.sms=[4,8]") == []
+
+
 def test_space_sms_within_the_gpu(hw):
     assert problems("search.space.sms=[0,200]") == [
         f"search.space.sms: [0, 200] outside 1..{hw.max_comm_sms} for {hw.gpu} (hardware.max_comm_sms)"]

@@ -82,6 +82,10 @@ def space_problems(space: SpaceConfig, gpu: GPUSpec, recorded: bool = False) -> 
     is empty only through a default (``sms_min=18`` under the default ``sms_max`` of 16) is no problem
     there; what the filter keeps of the table is checked once the table is read (``space_sizes``)."""
     out: list[str] = []
+    ranged = [n for n in ("sms_min", "sms_max", "sms_step") if getattr(space, n) is not None]
+    if space.sms is not None and ranged:  # the list would win over the range in silence
+        out.append(f"search.space.sms: an explicit list replaces the range, but {', '.join(ranged)} is set too; "
+                   f"give the list or the range")
     if space.sms_step is not None and space.sms_step <= 0:
         out.append(f"search.space.sms_step: must be > 0, got {space.sms_step}")
     else:
