@@ -222,6 +222,13 @@ def test_nanobatch_partitioner_needs_two_nanobatches():
     assert "parallel.nanobatches: the nanobatch partitioner needs 2, got 4" in got, got
 
 
+def test_sequential_partitioner_needs_one_or_two_nanobatches():
+    """It raised a ValueError traceback when the workload was partitioned."""
+    assert problems("partitioner=sequential", "parallel.nanobatches=4") == [
+        "parallel.nanobatches: the sequential partitioner needs 1 or 2, got 4"]
+    assert problems("partitioner=sequential", "parallel.nanobatches=1") == []
+
+
 # ------------------------------------------------------------------------- registry-chosen sections
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from kareus.partition.segments import partition_workload
 from kareus.partition.slots import build_slots
@@ -16,6 +17,12 @@ from kareus.workload.graph import Workload
 class SequentialPartitionerConfig:
     name: str = "sequential"
     merge_boundary: bool = True  # as for the nanobatch partitioner, so both share partition keys
+
+    def problems(self, ctx: Any = None) -> list[str]:
+        """The partitions are built from one or two nanobatches (two: the nanobatch partitioner's, run
+        without overlap)."""
+        n = getattr(getattr(ctx, "parallel", None), "nanobatches", 1)
+        return [] if n in (1, 2) else [f"parallel.nanobatches: the sequential partitioner needs 1 or 2, got {n}"]
 
 
 class SequentialPartitioner:
