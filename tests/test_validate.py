@@ -114,6 +114,14 @@ def test_micro_batch_must_split_into_nanobatches():
         "parallel.micro_batch_size: 7 does not split into parallel.nanobatches=2 equal nanobatches"]
 
 
+def test_sequence_parallel_tokens_must_split_over_tp():
+    """The workload builder raised a traceback, after Hydra had written the run folder."""
+    got = problems("parallel.micro_batch_size=2", "parallel.seq_len=2050", "parallel.sequence_parallel=true")
+    assert got == ["parallel.sequence_parallel: a nanobatch's 2050 tokens per GPU (micro_batch_size/nanobatches x "
+                   "seq_len/cp) do not split over tp=8"], got
+    assert problems("parallel.micro_batch_size=2", "parallel.seq_len=2050", "parallel.sequence_parallel=false") == []
+
+
 def test_cp_must_divide_sequence_twice():
     assert problems("parallel.tp=4", "parallel.cp=2", "parallel.seq_len=8190") == [
         "parallel.cp: seq_len 8190 must be divisible by 2*cp=4 (causal load balancing)"]
