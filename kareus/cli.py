@@ -263,13 +263,15 @@ def app(cfg: DictConfig) -> Any:
     describe = str(getattr(cfg.mode, "value", cfg.mode)) == "describe"
     try:
         out = run_mode(cfg, typed, run_dir, _kept_config())
-        if describe:
-            _remove_job_dir(run_dir)  # it measured and wrote nothing: no empty run folder left behind
+        if describe:  # it measured and wrote nothing: no empty run folder left behind, nor a folder's
+            _remove_job_dir(run_dir)  # config rewritten beside the results of the run it holds
+            _restore_kept()
         return out
     except OutputClosed:  # the reader left (``| head``): stop as a shell tool does, quietly
         _stdout_to_devnull()
         if describe:
             _remove_job_dir(run_dir)
+            _restore_kept()
         else:  # what it measured is journaled: say how to go on
             from kareus.profiler.journal import journal_path_for
 

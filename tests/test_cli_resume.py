@@ -129,6 +129,17 @@ def test_a_rerun_refused_at_the_plan_keeps_its_own_config_beside_its_outputs(fir
     assert "deadline_s: 1.0e-06" in (work / "runs" / "a" / ".hydra" / "config.yaml").read_text()
 
 
+def test_describe_into_a_folder_that_holds_a_run_leaves_its_config_as_it_was(first, tmp_path):
+    import shutil
+
+    work = tmp_path / "work"
+    shutil.copytree(first, work / "runs" / "a")
+    before = _files(work / "runs" / "a")
+    res = kareus(work, "+model=tiny", "parallel=pp2_tp2", "mode=describe", "hydra.run.dir=runs/a", timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert _files(work / "runs" / "a") == before
+
+
 def test_a_relative_resume_is_found_from_the_start_folder_when_hydra_changes_into_the_job(first):
     cwd = first.parents[1]
     res = kareus(cwd, *TINY, "resume=runs/a", "hydra.run.dir=runs/chdir", "hydra.job.chdir=true",
