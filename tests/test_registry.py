@@ -77,3 +77,16 @@ def test_plugins_load_through_entry_points(monkeypatch):
     monkeypatch.setattr("importlib.metadata.entry_points", lambda group: [FakeEP()] if group == "kareus.plugins" else [])
     assert registry_mod.load_plugins() == ["myplugin"]
     assert calls == ["registered"]
+
+
+def test_a_config_section_that_interpolates_another_becomes_its_dataclass():
+    """``parallel.tp=${parallel.pp}`` passed validation (which resolves the whole tree) and then crashed
+    building the run: the section was merged away from the tree its interpolation points into."""
+    from omegaconf import OmegaConf
+
+    from kareus.config.schema import ParallelConfig
+    from kareus.registry import to_dataclass
+
+    cfg = OmegaConf.create({"parallel": {"pp": 2, "tp": "${parallel.pp}"}, "width": 4})
+    parallel = to_dataclass(ParallelConfig, cfg.parallel)
+    assert (parallel.pp, parallel.tp) == (2, 2)

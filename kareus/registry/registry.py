@@ -92,9 +92,13 @@ def to_dataclass(cls: type, config: Any) -> Any:
         return config
     from omegaconf import OmegaConf
 
+    from omegaconf import DictConfig
+
     base = OmegaConf.structured(cls)
     if config is not None:
         if dataclasses.is_dataclass(config):
             config = OmegaConf.structured(config)
+        elif isinstance(config, DictConfig):  # a section of the run's config: ``${parallel.pp}`` resolves
+            config = OmegaConf.to_container(config, resolve=True)  # against the whole tree, not the copy
         base = OmegaConf.merge(base, config)
     return OmegaConf.to_object(base)
