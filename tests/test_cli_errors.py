@@ -473,3 +473,22 @@ def test_a_first_run_on_a_fresh_machine_prints_no_library_log_lines(tmp_path, mo
                  timeout=240)  # MLflow's plots import matplotlib
     assert res.returncode == 0, res.stderr[-2000:]
     assert (tmp_path / "mpl").is_dir() and "matplotlib" not in res.stderr, res.stderr[-2000:]
+
+
+def test_a_user_yaml_that_does_not_parse_is_one_line_naming_the_file(tmp_path):
+    user = tmp_path / "userconf" / "model"
+    user.mkdir(parents=True)
+    (user / "broken.yaml").write_text("name: [1,2\n")
+    res = kareus(tmp_path, "--config-dir", str(tmp_path / "userconf"), "+model=broken", "mode=describe")
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert error_lines(res.stderr) == [f"error: {user / 'broken.yaml'}:2: not valid YAML (expected ',' or ']', but "
+                                       "got '<stream end>')"]
+    assert left_behind(tmp_path) == []
+
+
+def test_a_config_group_given_a_value_is_told_to_choose_an_option(tmp_path):
+    res = kareus(tmp_path, "+model={name:x}", "mode=describe")
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert error_lines(res.stderr) == ["error: +model={name:x}: model is a config group: choose an option by name "
+                                       "(+model=NAME) and set its fields as model.FIELD=VALUE"]
+    assert left_behind(tmp_path) == []

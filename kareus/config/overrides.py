@@ -196,6 +196,9 @@ def _compose(overrides: list[str], hydra: bool = True) -> tuple[Any, list[str]]:
         return None, [_message(err)]
     except ValueError as err:  # e.g. ``search=null``: Hydra refuses a group choice of null this way
         return None, [_null_choice(overrides) or _first_line(str(err))]
+    except Exception as err:  # a user's YAML that does not parse; a value Hydra's merge trips over
+        return None, [_unreadable(err) or _group_given_a_value(overrides)
+                      or f"config: the overrides do not compose ({type(err).__name__}: {_first_line(str(err))})"]
     problems = _numbers_as_bools(cfg, overrides)
     return (None, problems) if problems else (cfg, [])
 
@@ -237,6 +240,31 @@ def _reads_as_number(value: Any) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _unreadable(err: Exception) -> str | None:
+    """``<file>:<line>: not valid YAML (...)`` for a config file (a user's --config-dir) that does not parse."""
+    import yaml
+
+    if not isinstance(err, yaml.YAMLError):
+        return None
+    mark = getattr(err, "problem_mark", None)
+    where = f"{mark.name}:{mark.line + 1}" if mark is not None else "a config file"
+    return f"{where}: not valid YAML ({getattr(err, 'problem', None) or _first_line(str(err))})"
+
+
+def _group_given_a_value(overrides: list[str]) -> str | None:
+    """``+model={name: x}``: a config group takes an option's name (Hydra's merge fails without a word)."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    loader = GlobalHydra.instance().config_loader()
+    for o in OverridesParser.create().parse_overrides(overrides):
+        if isinstance(o.value(), (dict, list)) and loader.get_group_options(o.key_or_group):
+            add = "+" if o.is_add() else ""
+            return (f"{o.input_line}: {o.key_or_group} is a config group: choose an option by name "
+                    f"({add}{o.key_or_group}=NAME) and set its fields as {o.key_or_group}.FIELD=VALUE")
+    return None
 
 
 def _null_choice(overrides: list[str]) -> str | None:
