@@ -240,6 +240,12 @@ def test_sequential_partitioner_needs_one_or_two_nanobatches():
 # ------------------------------------------------------------------------- registry-chosen sections
 
 
+def test_a_component_switched_through_its_name_key_is_told_to_choose_the_option():
+    got = problems("search.name=random")
+    assert got == ["search: Key 'passes' not in 'RandomConfig'; search.name=random keeps the chosen search's other "
+                   "settings: choose it with search=random instead"], got
+
+
 def test_unknown_component_name_lists_the_known_ones():
     assert problems("search.name=bogus") == [
         f"search.name: unknown searcher 'bogus'; known: {', '.join(SEARCHERS.names())}"]

@@ -62,7 +62,11 @@ def _typed_section(key: str, section: Any, problems: list[str]) -> Any:
         try:
             return registry.build_config(str(name), section)
         except Exception as exc:
-            problems.append(f"{key}: {_first_line(exc)}")
+            line = _first_line(exc)
+            if "not in '" in line or "is not a subclass" in line:  # another component's fields under this name
+                line += (f"; {key}.name={name} keeps the chosen {key}'s other settings: choose it with "
+                         f"{key}={name} instead")
+            problems.append(f"{key}: {line}")
             return None
     try:
         return to_dataclass(plain_schema(key), section)
