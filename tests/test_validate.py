@@ -246,6 +246,13 @@ def test_a_component_switched_through_its_name_key_is_told_to_choose_the_option(
                    "settings: choose it with search=random instead"], got
 
 
+@pytest.mark.parametrize("value,says", [("${nope}", "Interpolation key 'nope' not found"),
+                                        ("${oc.env:KAREUS_NO_SUCH_VARIABLE}", "")])
+def test_an_interpolation_that_does_not_resolve_names_its_key(value, says):
+    got = problems(f"parallel.tp={value}")
+    assert len(got) == 1 and got[0].startswith("parallel.tp: ") and says in got[0], got
+
+
 def test_unknown_component_name_lists_the_known_ones():
     assert problems("search.name=bogus") == [
         f"search.name: unknown searcher 'bogus'; known: {', '.join(SEARCHERS.names())}"]

@@ -288,5 +288,24 @@ def _resolved(cfg: Any) -> Any:
     try:
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as err:
-        raise ConfigError([f"{err.full_key or 'config'}: {_first_line(err)}"]) from None
+        raise ConfigError([f"{err.full_key or _unresolvable_key(cfg) or 'config'}: {_first_line(err)}"]) from None
     return cfg
+
+
+def _unresolvable_key(node: Any, prefix: str = "") -> str | None:
+    """The first key whose interpolation does not resolve (OmegaConf's resolve() names none)."""
+    from omegaconf import DictConfig, ListConfig
+    from omegaconf.errors import OmegaConfBaseException
+
+    keys = range(len(node)) if isinstance(node, ListConfig) else node.keys()
+    for k in keys:
+        path = f"{prefix}[{k}]" if isinstance(node, ListConfig) else f"{prefix}.{k}" if prefix else str(k)
+        try:
+            child = node[k]
+        except OmegaConfBaseException:
+            return path
+        if isinstance(child, (DictConfig, ListConfig)):
+            found = _unresolvable_key(child, path)
+            if found:
+                return found
+    return None
