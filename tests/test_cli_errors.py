@@ -492,3 +492,15 @@ def test_a_config_group_given_a_value_is_told_to_choose_an_option(tmp_path):
     assert error_lines(res.stderr) == ["error: +model={name:x}: model is a config group: choose an option by name "
                                        "(+model=NAME) and set its fields as model.FIELD=VALUE"]
     assert left_behind(tmp_path) == []
+
+
+def test_a_user_option_named_as_a_shipped_one_is_refused(tmp_path):
+    """Hydra picks the shipped file: the user's edited ``tiny`` was ignored without a word."""
+    user = tmp_path / "userconf" / "model"
+    user.mkdir(parents=True)
+    (user / "tiny.yaml").write_text("name: tiny\nnum_layers: 6\n")
+    res = kareus(tmp_path, "--config-dir", str(tmp_path / "userconf"), "+model=tiny", "mode=describe")
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert error_lines(res.stderr) == [f"error: --config-dir: {user / 'tiny.yaml'} has the name of a shipped model "
+                                       "option, which is the one chosen by model=tiny; rename the file"]
+    assert left_behind(tmp_path) == []

@@ -122,6 +122,9 @@ def override_problems(argv: Sequence[str], check: JobCheck | None = None) -> lis
     missing = [d for d in call.config_dirs if not Path(d).is_dir()]
     if missing:
         return [f"--config-dir: {Path(d).resolve()} is not a folder" for d in missing]
+    shadowed = _shadowed_options(call.config_dirs)
+    if shadowed:
+        return shadowed
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
@@ -172,6 +175,23 @@ def _merged_group_lists(parsed: Sequence[Any]) -> list[str]:
             out.append(f"{o.input_line}: {group} takes one option, and a list merges them into one config; choose "
                        f"one of: {', '.join(options)}; to run each, sweep: -m {o.get_key_element()}="
                        f"{','.join(map(str, value))}")
+    return out
+
+
+def _shadowed_options(config_dirs: Sequence[str]) -> list[str]:
+    """A user's option named as a shipped one of its group: Hydra picks the shipped file, so the
+    user's edits would be ignored without a word."""
+    import importlib
+
+    shipped = Path(importlib.import_module(CONFIG_MODULE).__file__).parent
+    out = []
+    for folder in config_dirs:
+        root = Path(folder).resolve()
+        for path in sorted(root.rglob("*.yaml")):
+            group = path.parent.relative_to(root)
+            if group.parts and (shipped / group / path.name).is_file():
+                out.append(f"--config-dir: {path} has the name of a shipped {group.as_posix()} option, which is "
+                           f"the one chosen by {group.as_posix()}={path.stem}; rename the file")
     return out
 
 
