@@ -236,6 +236,11 @@ def _checked(cfg: DictConfig) -> tuple[dict[str, Any] | None, list[str]]:
         models = ", ".join(_group_options("model"))
         return None, [f"model: no model selected; add +model=NAME with NAME one of: {models}"
                       if line.startswith("model: no model selected") else line for line in err.problems]
+    from kareus.pipeline.context import partition_problems
+
+    layout = partition_problems(cfg, typed)
+    if layout:
+        return None, layout
     tracking = typed["tracking"]
     if tracking.enabled and str(getattr(cfg.mode, "value", cfg.mode)) != "describe":
         problem = reachability_problem(tracking.uri)

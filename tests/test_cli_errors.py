@@ -504,3 +504,15 @@ def test_a_user_option_named_as_a_shipped_one_is_refused(tmp_path):
     assert error_lines(res.stderr) == [f"error: --config-dir: {user / 'tiny.yaml'} has the name of a shipped model "
                                        "option, which is the one chosen by model=tiny; rename the file"]
     assert left_behind(tmp_path) == []
+
+
+def test_a_sweep_job_whose_slots_leave_a_partition_empty_is_refused_before_any_job_runs(tmp_path):
+    """The slots were checked once the job's partitions were built: job 0 had profiled and written its
+    folder by the time job 1 was refused."""
+    res = kareus(tmp_path, "-m", "+model=tiny", "parallel=pp1_tp2", "mode=search", "search=random", "search.budget=4",
+                 "search.space.slots=null,[attn_0]", timeout=240)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    lines = error_lines(res.stderr)
+    assert len(lines) == 1 and lines[0].startswith("error: job 1 (search.space.slots=[attn_0]): search.space.slots: "
+                                                   "4 partition(s) have none of attn_0"), lines
+    assert left_behind(tmp_path) == []

@@ -51,6 +51,27 @@ class RunContext:
         return OmegaConf.to_container(self.cfg[key], resolve=True, enum_to_str=True)  # type: ignore[return-value]
 
 
+def partition_problems(cfg: DictConfig, typed: dict[str, Any]) -> list[str]:
+    """What the workload, its partitions and ``search.space`` rule out before a run starts (a few tens
+    of ms): every job of a sweep is checked so before the first one runs. [] without a model (a
+    replayed table's partitions are checked once the table is read)."""
+    from kareus.config.schema import ModelConfig, ParallelConfig
+    from kareus.registry import PARTITIONERS, to_dataclass
+    from kareus.search.space import slot_problems
+    from kareus.workload import build_workload
+
+    if cfg.get("model") is None:
+        return []
+    try:
+        workload = build_workload(to_dataclass(ModelConfig, cfg.model).spec(),
+                                  to_dataclass(ParallelConfig, cfg.parallel).spec(),
+                                  typed["hardware"].gpu_spec().gpus_per_node)
+        partitioning = PARTITIONERS.build(cfg.partitioner.name, config=typed["partitioner"]).partition(workload)
+    except ValueError as err:  # a layout rule validate() does not know yet
+        return [f"parallel: {err}"]
+    return slot_problems(partitioning.types, typed["search"].space)
+
+
 def build_context(cfg: DictConfig, typed: dict[str, Any], run_dir: Path,
                   previous_config: bytes | None = None) -> RunContext:
     """Resolve the model and layout, build the workload graph and partition it (no measurement).
