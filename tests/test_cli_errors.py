@@ -475,14 +475,20 @@ def test_a_first_run_on_a_fresh_machine_prints_no_library_log_lines(tmp_path, mo
     assert (tmp_path / "mpl").is_dir() and "matplotlib" not in res.stderr, res.stderr[-2000:]
 
 
-def test_a_user_yaml_that_does_not_parse_is_one_line_naming_the_file(tmp_path):
+@pytest.mark.parametrize("name,text,says", [
+    ("broken", "name: [1,2\n", "{path}:2: not valid YAML (expected ',' or ']', but got '<stream end>')"),
+    # Hydra picks the shipped file: the user's edited ``tiny`` was ignored without a word
+    ("tiny", "name: tiny\nnum_layers: 6\n",
+     "--config-dir: {path} has the name of a shipped model option, which is the one chosen by model=tiny; "
+     "rename the file"),
+], ids=["unparsable", "shadowed"])
+def test_a_user_model_file_that_cannot_be_used_is_one_line_naming_it(tmp_path, name, text, says):
     user = tmp_path / "userconf" / "model"
     user.mkdir(parents=True)
-    (user / "broken.yaml").write_text("name: [1,2\n")
-    res = kareus(tmp_path, "--config-dir", str(tmp_path / "userconf"), "+model=broken", "mode=describe")
+    (user / f"{name}.yaml").write_text(text)
+    res = kareus(tmp_path, "--config-dir", str(tmp_path / "userconf"), f"+model={name}", "mode=describe")
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
-    assert error_lines(res.stderr) == [f"error: {user / 'broken.yaml'}:2: not valid YAML (expected ',' or ']', but "
-                                       "got '<stream end>')"]
+    assert error_lines(res.stderr) == ["error: " + says.format(path=user / f"{name}.yaml")]
     assert left_behind(tmp_path) == []
 
 
@@ -491,18 +497,6 @@ def test_a_config_group_given_a_value_is_told_to_choose_an_option(tmp_path):
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
     assert error_lines(res.stderr) == ["error: +model={name:x}: model is a config group: choose an option by name "
                                        "(+model=NAME) and set its fields as model.FIELD=VALUE"]
-    assert left_behind(tmp_path) == []
-
-
-def test_a_user_option_named_as_a_shipped_one_is_refused(tmp_path):
-    """Hydra picks the shipped file: the user's edited ``tiny`` was ignored without a word."""
-    user = tmp_path / "userconf" / "model"
-    user.mkdir(parents=True)
-    (user / "tiny.yaml").write_text("name: tiny\nnum_layers: 6\n")
-    res = kareus(tmp_path, "--config-dir", str(tmp_path / "userconf"), "+model=tiny", "mode=describe")
-    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
-    assert error_lines(res.stderr) == [f"error: --config-dir: {user / 'tiny.yaml'} has the name of a shipped model "
-                                       "option, which is the one chosen by model=tiny; rename the file"]
     assert left_behind(tmp_path) == []
 
 
