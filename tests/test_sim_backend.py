@@ -95,6 +95,22 @@ def test_short_window_fails_and_failures_can_be_injected(part):
     assert all(SimulatedGPU(sim_config()).measure(part, cand(part, sms=s), 1.0).ok for s in range(1, 33))
 
 
+def test_a_window_that_misses_every_counter_update_fails_and_never_reads_negative_energy():
+    """A window of whole 70 ms executions came out under the 0.1 s counter period: with no update in
+    it, the energy read as the power difference before it, below zero on a GPU coming from idle."""
+    from kareus.hardware.model import Outcome
+
+    gpu = SimulatedGPU(sim_config(time_noise=0.0, power_noise=0.0, counter_period_s=0.1), 0)
+    out = Outcome(0.07, 0.07 * 300.0, 1.0, 1410)
+    readings = []
+    for i in range(12):
+        gpu.idle(0.013 * i + 0.2)
+        readings.append(gpu._window(out, 0.1, f"k{i}"))
+    assert all(r.energy_j > 0 for r in readings if r.ok)
+    missed = [r for r in readings if not r.ok]
+    assert missed and all("saw no update of the energy counter" in r.error for r in missed)
+
+
 def test_back_to_back_reads_more_energy_than_after_rest(part):
     gpu = SimulatedGPU(sim_config(power_noise=0.0, time_noise=0.0))
     c = cand(part)

@@ -144,10 +144,13 @@ class SimulatedGPU(LockedClock):
         # the counter holds the energy up to its last update; power before the window was self._power
         u0 = self._last_update(start)
         u1 = self._last_update(stop)
-        counted = power * (u1 - start) + self._power * (start - u0)
         self._now = stop
         self._temp = end
-        self._power = power
+        previous, self._power = self._power, power
+        if u1 < start:  # a window of whole executions that came out shorter than the period can miss every update
+            return Reading(math.nan, math.nan, self._temp, out.freq_mhz, w, n, False,
+                           f"window {w:.3g} s saw no update of the energy counter ({period:g} s period)")
+        counted = power * (u1 - start) + previous * (start - u0)
         return Reading(w / n, counted / n, self._temp, out.freq_mhz, w, n)
 
     def _last_update(self, x: float) -> float:
