@@ -132,6 +132,10 @@ def test_convert_the_real_a100_tables(tmp_path):
     ({"clock_default.csv": "a,b\n1,2\n", "clock_1200mhz.csv": "a,b\n1,2\n"}, "no column 'comm_block_size'"),
     ({"clock_default.csv": "overlap_start,overlap_end,comm_sm_number,comm_block_size,0:time (s),0:total energy (J)\n"
                            "-1,-1,x,1024,0.001,2.0\n"}, "line 2: a value that is not a number"),
+    # both copies became repeats 0.. of one setting: a table its own loader refused
+    ({"clock_default.csv": "overlap_start,overlap_end,comm_sm_number,comm_block_size,0:time (s),0:total energy (J)\n"
+                           "-1,-1,4,1024,0.001,2.0\n-1,-1,4,1024,0.001,2.0\n"},
+     "line 3 repeats the window of line 2 (overlap -1..-1, 4 SMs)"),
 ])
 def test_converting_a_folder_that_is_not_the_recorded_tables_says_why_and_writes_nothing(tmp_path, capsys, files, says):
     from kareus.hardware.tables import main

@@ -80,6 +80,7 @@ def window_partition(end: int) -> PartitionType:
 def read_windows(path: str | Path, block_size: int = BLOCK_SIZE) -> list[dict]:
     """Rows of one real table: window, SMs, and per-GPU time/energy per repeat (total energy / 2)."""
     out = []
+    seen: dict[tuple[int, int, int], int] = {}  # window -> its line: a repeated one would be written twice
     try:
         fh = open(path, newline="")
     except OSError as e:
@@ -94,11 +95,17 @@ def read_windows(path: str | Path, block_size: int = BLOCK_SIZE) -> list[dict]:
                     raise KeyError("0:time (s)")
                 times = [float(row[f"{r}:time (s)"]) for r in reps]
                 energies = [float(row[f"{r}:total energy (J)"]) / 2.0 for r in reps]  # 2 GPUs, symmetric ranks
+                window = (int(row["overlap_start"]), int(row["overlap_end"]), int(row["comm_sm_number"]))
+                if window in seen:
+                    raise TableError(f"{path}: line {line} repeats the window of line {seen[window]} (overlap "
+                                     f"{window[0]}..{window[1]}, {window[2]} SMs); keep one row per window")
+                seen[window] = line
                 out.append({
-                    "start": int(row["overlap_start"]), "end": int(row["overlap_end"]),
-                    "sms": int(row["comm_sm_number"]), "times": times, "energies": energies,
+                    "start": window[0], "end": window[1], "sms": window[2], "times": times, "energies": energies,
                     "time_s": statistics.median(times), "energy_j": statistics.median(energies),
                 })
+            except TableError:
+                raise
             except KeyError as e:
                 raise TableError(f"{path}: no column {e.args[0]!r}; expected overlap_start, overlap_end, "
                                  f"comm_sm_number, comm_block_size and k:time (s), k:total energy (J) per repeat k") from None
