@@ -51,25 +51,44 @@ class RunContext:
         return OmegaConf.to_container(self.cfg[key], resolve=True, enum_to_str=True)  # type: ignore[return-value]
 
 
+@dataclass
+class _Layout:
+    """The model, the parallel layout, the workload graph and its partitions (without a model, a
+    replayed table's search, all but the layout are None)."""
+
+    model: ModelSpec | None
+    parallel: ParallelSpec
+    workload: Any
+    partitioning: Partitioning | None
+
+
+def _layout(cfg: DictConfig, typed: dict[str, Any]) -> _Layout:
+    from kareus.config.schema import ModelConfig, ParallelConfig
+    from kareus.registry import PARTITIONERS, to_dataclass
+    from kareus.workload import build_workload
+
+    parallel = to_dataclass(ParallelConfig, cfg.parallel).spec()
+    model = to_dataclass(ModelConfig, cfg.model).spec() if cfg.get("model") is not None else None
+    if model is None:
+        return _Layout(None, parallel, None, None)
+    workload = build_workload(model, parallel, typed["hardware"].gpu_spec().gpus_per_node)
+    partitioning = PARTITIONERS.build(cfg.partitioner.name, config=typed["partitioner"]).partition(workload)
+    return _Layout(model, parallel, workload, partitioning)
+
+
 def partition_problems(cfg: DictConfig, typed: dict[str, Any]) -> list[str]:
     """What the workload, its partitions and ``search.space`` rule out before a run starts (a few tens
     of ms): every job of a sweep is checked so before the first one runs. [] without a model (a
     replayed table's partitions are checked once the table is read)."""
-    from kareus.config.schema import ModelConfig, ParallelConfig
-    from kareus.registry import PARTITIONERS, to_dataclass
     from kareus.search.space import slot_problems
-    from kareus.workload import build_workload
 
-    if cfg.get("model") is None:
-        return []
     try:
-        workload = build_workload(to_dataclass(ModelConfig, cfg.model).spec(),
-                                  to_dataclass(ParallelConfig, cfg.parallel).spec(),
-                                  typed["hardware"].gpu_spec().gpus_per_node)
-        partitioning = PARTITIONERS.build(cfg.partitioner.name, config=typed["partitioner"]).partition(workload)
+        layout = _layout(cfg, typed)
     except ValueError as err:  # a layout rule validate() does not know yet
         return [f"parallel: {err}"]
-    return slot_problems(partitioning.types, typed["search"].space)
+    if layout.partitioning is None:
+        return []
+    return slot_problems(layout.partitioning.types, typed["search"].space)
 
 
 def build_context(cfg: DictConfig, typed: dict[str, Any], run_dir: Path,
@@ -80,17 +99,7 @@ def build_context(cfg: DictConfig, typed: dict[str, Any], run_dir: Path,
     ``previous_config``: the saved config of the run that ``run_dir`` already held, as it was before
     Hydra rewrote it (to name what differs when its journal is refused).
     """
-    from kareus.config.schema import ModelConfig, ParallelConfig
-    from kareus.registry import PARTITIONERS, to_dataclass
-    from kareus.workload import build_workload
-
-    gpu = typed["hardware"].gpu_spec()
-    parallel = to_dataclass(ParallelConfig, cfg.parallel).spec()
-    model = to_dataclass(ModelConfig, cfg.model).spec() if cfg.get("model") is not None else None
-    workload = partitioning = None
-    if model is not None:
-        workload = build_workload(model, parallel, gpu.gpus_per_node)
-        partitioning = PARTITIONERS.build(cfg.partitioner.name, config=typed["partitioner"]).partition(workload)
+    layout = _layout(cfg, typed)
     digest = config_hash(cfg)
     describe = str(getattr(cfg.mode, "value", cfg.mode)) == "describe"
     if cfg.get("resume"):
@@ -98,8 +107,9 @@ def build_context(cfg: DictConfig, typed: dict[str, Any], run_dir: Path,
                           previous_config=previous_config)
     elif not describe:
         _check_own_journal(run_dir, digest, cfg, previous_config)
-    return RunContext(cfg=cfg, typed=typed, run_dir=run_dir, gpu=gpu, model=model, parallel=parallel,
-                      workload=workload, partitioning=partitioning, config_hash=digest)
+    return RunContext(cfg=cfg, typed=typed, run_dir=run_dir, gpu=typed["hardware"].gpu_spec(), model=layout.model,
+                      parallel=layout.parallel, workload=layout.workload, partitioning=layout.partitioning,
+                      config_hash=digest)
 
 
 def _from_start_dir(path: str) -> Path:
