@@ -227,6 +227,8 @@ def config_problems(cfg: SearcherConfig) -> list[str]:
         value = getattr(cfg, key)
         if value is not None and value <= 0:
             out.append(f"search.{key}: must be > 0, got {value}")
+    if not 0 <= cfg.seed <= MAX_SEED:
+        out.append(f"search.seed: must be in 0..{MAX_SEED} (numpy's and Optuna's seeds are 32-bit), got {cfg.seed}")
     if cfg.budget is not None and cfg.initial is not None and 0 < cfg.budget < cfg.initial:
         out.append(f"search.initial: must be <= search.budget ({cfg.budget}), as the initial design counts "
                    f"against it; got {cfg.initial}")
@@ -294,8 +296,6 @@ def _mbo_problems(cfg: MBOConfig) -> list[str]:
     if cfg.min_per_slot < 0:
         out.append(f"search.min_per_slot: must be >= 0, got {cfg.min_per_slot}")
     out += out_of_bounds(cfg, "search.", nonnegative=("kappa", "stop_gain", "ref_margin"))
-    if not 0 <= cfg.seed <= MAX_SEED:
-        out.append(f"search.seed: must be in 0..{MAX_SEED} (numpy's and Optuna's seeds are 32-bit), got {cfg.seed}")
     return out
 
 
