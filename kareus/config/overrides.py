@@ -184,14 +184,15 @@ def _shadowed_options(config_dirs: Sequence[str]) -> list[str]:
     import importlib
 
     shipped = Path(importlib.import_module(CONFIG_MODULE).__file__).parent
+    options = sorted(p.relative_to(shipped) for p in shipped.glob("*/**/*.yaml"))  # in groups, not config.yaml
     out = []
     for folder in config_dirs:
         root = Path(folder).resolve()
-        for path in sorted(root.rglob("*.yaml")):
-            group = path.parent.relative_to(root)
-            if group.parts and (shipped / group / path.name).is_file():
-                out.append(f"--config-dir: {path} has the name of a shipped {group.as_posix()} option, which is "
-                           f"the one chosen by {group.as_posix()}={path.stem}; rename the file")
+        for option in options:
+            if (root / option).is_file():
+                group = option.parent.as_posix()
+                out.append(f"--config-dir: {root / option} has the name of a shipped {group} option, which is "
+                           f"the one chosen by {group}={option.stem}; rename the file")
     return out
 
 
