@@ -77,7 +77,8 @@ def compose_clock(work: InstructionWork, measurements: Mapping[str, Sequence[Mea
 
 
 def compose_instruction(work: InstructionWork, measurements: Mapping[str, Sequence[Measurement]],
-                        residual: Mapping[int, tuple[float, float]], per_clock: bool = False) -> list[InstructionOption]:
+                        residual: Mapping[int, tuple[float, float]],
+                        per_clock: bool = False) -> list[InstructionOption]:
     """Pareto options (time, dynamic energy) of one instruction over all clocks, sorted by time.
 
     ``residual[clock] = (time_s, dynamic_energy_j)`` is the measured non-partition work at that clock.

@@ -36,7 +36,8 @@ def space_sizes(ctx: RunContext, backend: Any, partitions: Sequence[PartitionTyp
     unlockable = sorted({int(c.freq_mhz) for space in fixed.values() for c in space or ()
                          if not ctx.gpu.supports_clock(int(c.freq_mhz))})
     if unlockable:  # every candidate at such a clock would fail to lock, each one charged to the budget
-        shown = ", ".join(map(str, unlockable[:6])) + (f" and {len(unlockable) - 6} more" if len(unlockable) > 6 else "")
+        more = f" and {len(unlockable) - 6} more" if len(unlockable) > 6 else ""
+        shown = ", ".join(map(str, unlockable[:6])) + more
         raise KareusError(f"hardware: {ctx.hardware_name} recorded clocks {shown} MHz, which "
                           f"{ctx.gpu.name} cannot lock "
                           f"({ctx.gpu.min_mhz}..{ctx.gpu.max_mhz} in {ctx.gpu.step_mhz} MHz steps); describe the GPU "

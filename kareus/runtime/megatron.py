@@ -11,8 +11,9 @@ non-interleaved schedules pair them.
 ``plan_hooks`` also wraps the schedule functions that ``get_forward_backward_func`` hands out, so a
 training call whose microbatch count, pipeline size or model config the plan cannot follow is refused
 before its first send or receive (on every rank alike), and an evaluation call (``forward_only=True``)
-runs at the clock it finds, with no switches. A loop that fetched the schedule function before entering ``plan_hooks`` bypasses those
-wrappers; its forward steps still refuse a microbatch count other than the plan's. Leaving the block
+runs at the clock it finds, with no switches. A loop that fetched the schedule function before
+entering ``plan_hooks`` bypasses those wrappers; its forward steps still refuse a microbatch count
+other than the plan's. Leaving the block
 restores the functions and resets the clocks (``executor.reset()``).
 
 Schedules these hooks cannot follow raise ``UnsupportedScheduleError`` instead of switching clocks

@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import Enum
+from types import SimpleNamespace
 from typing import Any
 
 from kareus.config.bounds import MAX_SEED, out_of_bounds
@@ -258,9 +259,8 @@ def _mbo_problems(cfg: MBOConfig) -> list[str]:
     unknown = [k for k in cfg.shares if k not in valid]
     if unknown:
         out.append(f"search.shares: unknown pass(es) {unknown}; allowed: {', '.join(valid)}")
-    neg = {k: v for k, v in cfg.shares.items() if not (math.isfinite(v) and v >= 0)}
-    out += [f"search.shares.{k}: must be {'' if math.isfinite(v) else 'a finite number '}>= 0, got {v}"
-            for k, v in neg.items()]
+    neg = out_of_bounds(SimpleNamespace(**cfg.shares), "search.shares.", nonnegative=cfg.shares)
+    out += neg
     if not neg and cfg.passes and sum(cfg.shares.get(p.value, 0.0) for p in cfg.passes) <= 0:
         out.append("search.shares: the chosen passes' shares sum to 0")
     if cfg.passes and all(p.value in BATCH_POLICIES for p in cfg.passes):
