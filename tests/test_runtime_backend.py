@@ -119,6 +119,22 @@ def test_residual_collectives_run_in_order_alone_at_the_default_sms():
     assert b.residual_chain(bigger) is not steps  # a collective's size is part of what is measured
 
 
+def test_collectives_whose_sizes_differ_past_six_digits_get_launchers_of_their_own():
+    """Two residual sends of 16,777,216 and 16,777,220 bytes: one prepared launcher for both would
+    measure the second with the first one's buffers."""
+    class Sizes(Recorder):
+        def prepare(self, op, sms, device):
+            self.sizes = getattr(self, "sizes", []) + [op.message_bytes]
+            return super().prepare(op, sms, device)
+
+    rec = Sizes()
+    b = CudaBackend(CudaConfig(device="cpu", comm="copy", warmup=0), comm=rec)
+    sends = [comm("pp_send", Collective.SEND_RECV, n, 2, Link.NETWORK) for n in (16_777_216, 16_777_220)]
+    b.residual_chain((sends[0],))
+    b.residual_chain((sends[1],))
+    assert rec.sizes == [16_777_216, 16_777_220]
+
+
 def test_candidate_clock_and_sms_are_checked():
     b = _cpu()
     p = _partition()
@@ -487,10 +503,12 @@ def test_a_dist_comm_without_a_process_group_is_refused_when_the_backend_starts(
 def test_nccl_cta_limits_in_the_environment_are_refused(monkeypatch):
     """NCCL lets NCCL_MIN/MAX_CTAS (and the channel bounds) override each communicator's config, so
     with one exported every SM count of the search would run the same kernel."""
+    from kareus.runtime import comm
     from kareus.runtime.comm import NCCL_CTA_ENV, CommSetupError, NCCLBackend, NCCLConfig
 
     for key in NCCL_CTA_ENV:
         monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr(comm, "nccl_conf_files", lambda: [])
     monkeypatch.setenv("NCCL_MIN_CTAS", "32")
     with pytest.raises(CommSetupError, match=r"NCCL_MIN_CTAS=32 in the environment overrides the comm SMs"):
         NCCLBackend(NCCLConfig()).check_ready("cuda")
@@ -500,10 +518,10 @@ def test_nccl_cta_limits_in_the_environment_are_refused(monkeypatch):
     assert "environment" not in str(err.value)
 
 
-def test_the_cta_fallback_is_one_sm_count_per_process_and_not_taken_for_the_users(monkeypatch):
-    """A torch build without per-communicator NCCL config: the first backend writes NCCL_MIN/MAX_CTAS
-    (NCCL reads them once per process); the next backend of the process (the next partition's search)
-    must neither blame the user for them nor ask for another SM count."""
+def test_a_torch_build_without_per_communicator_nccl_config_is_refused_before_any_group(monkeypatch):
+    """Without ProcessGroupNCCL's config, NCCL_MIN/MAX_CTAS are the only knob, and NCCL reads them once,
+    at the first communicator: torch makes the default one eagerly, so writing them for a comm group
+    comes too late and every SM count would run NCCL's default CTAs under its own label."""
     import torch.distributed as dist
 
     from kareus.runtime import comm
@@ -511,19 +529,39 @@ def test_the_cta_fallback_is_one_sm_count_per_process_and_not_taken_for_the_user
 
     for key in comm.NCCL_CTA_ENV:
         monkeypatch.delenv(key, raising=False)
-    monkeypatch.setattr(comm, "_NCCL_ENV_WRITTEN", {})
+    monkeypatch.setattr(comm, "nccl_conf_files", lambda: [])
     monkeypatch.setattr(comm, "nccl_options", lambda sms, cfg: None)
     monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
-    monkeypatch.setattr(dist, "new_group", lambda **kw: object())
-    NCCLBackend(NCCLConfig()).group(8)
-    assert os.environ["NCCL_MAX_CTAS"] == os.environ["NCCL_MIN_CTAS"] == "8"
-    second = NCCLBackend(NCCLConfig())
-    with pytest.raises(CommSetupError) as err:
-        second.check_ready("cpu")
-    assert "environment" not in str(err.value)  # refused for the device alone
-    second.group(8)
-    with pytest.raises(CommSetupError, match=r"only one SM count \(8\) can be used, not 4"):
-        second.group(4)
+    made = []
+    monkeypatch.setattr(dist, "new_group", lambda **kw: made.append(kw))
+    backend = NCCLBackend(NCCLConfig())
+    with pytest.raises(CommSetupError, match=r"no per-communicator NCCL config .* SM count cannot vary"):
+        backend.check_ready(torch.device("cuda", 0))
+    with pytest.raises(CommSetupError, match="no per-communicator NCCL config"):
+        backend.group(8)
+    assert made == [] and not any(k in os.environ for k in comm.NCCL_CTA_ENV)
+
+
+def test_nccl_cta_limits_in_nccl_config_files_are_refused(monkeypatch, tmp_path):
+    """NCCL also loads its environment from $NCCL_CONF_FILE, ~/.nccl.conf and /etc/nccl.conf: a site-wide
+    NCCL_MAX_CTAS there fixes every communicator's CTAs as surely as an exported one."""
+    from kareus.runtime import comm
+    from kareus.runtime.comm import CommSetupError, NCCLBackend, NCCLConfig, nccl_cta_overrides
+
+    for key in comm.NCCL_CTA_ENV:
+        monkeypatch.delenv(key, raising=False)
+    site = tmp_path / "nccl.conf"
+    site.write_text("# site defaults\nNCCL_DEBUG=WARN\n#NCCL_MIN_CTAS=2\n NCCL_MAX_CTAS = 4 \n")
+    monkeypatch.setenv("NCCL_CONF_FILE", str(site))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.nccl.conf
+    assert comm.nccl_conf_files()[0] == site
+    found = nccl_cta_overrides([site, tmp_path / "absent.conf"])
+    assert found == [f"NCCL_MAX_CTAS=4 in {site}"]  # the commented line is not read
+    monkeypatch.setattr(comm, "nccl_conf_files", lambda: [site])
+    with pytest.raises(CommSetupError, match=rf"NCCL_MAX_CTAS=4 in {site} overrides the comm SMs"):
+        NCCLBackend(NCCLConfig()).check_ready("cuda")
+    monkeypatch.setenv("NCCL_MAX_CTAS", "8")  # the environment wins over the file, as in NCCL
+    assert nccl_cta_overrides([site]) == ["NCCL_MAX_CTAS=8 in the environment"]
 
 
 def test_close_destroys_the_comm_groups_the_backend_created(monkeypatch):

@@ -436,7 +436,7 @@ class CudaBackend(LockedClock):
 
     def _comm_call(self, op: Op, sms: int, key: str | None = None) -> Callable[[], Any]:
         """The comm backend's launcher for ``op`` at ``sms`` SMs, prepared once per (key, SMs)."""
-        k = (key or f"op:{op.name}:{op.collective}:{op.message_bytes:g}:{op.group_size}", int(sms))
+        k = (key or "op:" + repr(op), int(sms))  # every field: two sizes must not share buffers
         hit = self._comm.get(k)
         if hit is None:
             hit = self.comm.prepare(op, int(sms), self.device)

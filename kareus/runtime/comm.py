@@ -24,6 +24,7 @@ from __future__ import annotations
 import atexit
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
 from kareus.errors import KareusError
@@ -271,14 +272,39 @@ class NCCLConfig:
 
 # NCCL's environment knobs that bound a communicator's CTAs (channels), over its config
 NCCL_CTA_ENV = ("NCCL_MIN_CTAS", "NCCL_MAX_CTAS", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS")
-_NCCL_ENV_WRITTEN: dict[str, str] = {}  # what this process wrote of them (the fallback below), not the user
+
+
+def nccl_conf_files() -> list[Path]:
+    """The files NCCL loads its environment from at start-up (a variable already set wins):
+    ``$NCCL_CONF_FILE`` (NCCL 2.23+), ``~/.nccl.conf`` (earlier releases) and ``/etc/nccl.conf``."""
+    out = [Path(os.environ["NCCL_CONF_FILE"])] if os.environ.get("NCCL_CONF_FILE") else []
+    return out + [Path.home() / ".nccl.conf", Path("/etc/nccl.conf")]
+
+
+def nccl_cta_overrides(files: Sequence[Path] | None = None) -> list[str]:
+    """``KEY=VALUE (where)`` for each of NCCL_CTA_ENV set in the environment or in NCCL's config files."""
+    out = [f"{k}={os.environ[k]} in the environment" for k in NCCL_CTA_ENV if k in os.environ]
+    seen = {k for k in NCCL_CTA_ENV if k in os.environ}
+    for path in nccl_conf_files() if files is None else files:
+        try:
+            lines = path.read_text().splitlines()
+        except OSError:  # absent or unreadable: NCCL skips it too
+            continue
+        for line in lines:
+            key, sep, value = line.strip().partition("=")
+            key = key.strip()
+            if sep and not key.startswith("#") and key in NCCL_CTA_ENV and key not in seen:
+                seen.add(key)
+                out.append(f"{key}={value.strip()} in {path}")
+    return out
 
 
 def nccl_options(sms: int, cfg: NCCLConfig) -> Any:
     """ProcessGroupNCCL options whose communicator uses exactly ``sms`` CTAs (one SM each).
 
-    Returns None where this torch build exposes no per-communicator NCCL config; the caller then
-    falls back to NCCL_MIN_CTAS / NCCL_MAX_CTAS, which NCCL reads once per process.
+    Returns None where this torch build exposes no per-communicator NCCL config (NCCL before 2.17,
+    or torch without the binding): there the SM count cannot vary within a process, since NCCL reads
+    its environment once, at the first communicator (torch creates the default one eagerly).
     """
     import torch.distributed as dist
 
@@ -312,17 +338,17 @@ class NCCLBackend(_DistBackend):
     def check_ready(self, device: Any) -> None:
         import torch.distributed as dist
 
-        overriding = [f"{k}={os.environ[k]}" for k in NCCL_CTA_ENV
-                      if k in os.environ and os.environ[k] != _NCCL_ENV_WRITTEN.get(k)]
+        overriding = nccl_cta_overrides()
         if overriding:  # NCCL lets them override every communicator's config: each SM count would run alike
-            raise CommSetupError(f"hardware.comm=nccl: {', '.join(overriding)} in the environment overrides the "
-                                 f"comm SMs set per communicator, so every SM count would run the same kernel; "
-                                 f"unset it for profiling")
+            raise CommSetupError(f"hardware.comm=nccl: {'; '.join(overriding)} overrides the comm SMs set per "
+                                 f"communicator, so every SM count would run the same kernel; unset it for profiling")
         if not dist.is_available() or not dist.is_nccl_available():
             raise CommSetupError("hardware.comm=nccl needs a torch build with NCCL (a CUDA build); "
                                  "use hardware.comm=gloo with hardware.device=cpu to check the logic")
         if getattr(device, "type", str(device)) != "cuda":
             raise CommSetupError("hardware.comm=nccl runs on GPUs only; use hardware.comm=gloo with hardware.device=cpu")
+        if nccl_options(1, self.cfg) is None:
+            raise CommSetupError(NO_NCCL_CONFIG)
         super().check_ready(device)
 
     def _pop_groups(self) -> list[Any]:
@@ -341,20 +367,14 @@ class NCCLBackend(_DistBackend):
             raise CommSetupError("hardware.comm=nccl needs a torch build with NCCL (a CUDA build)")
         opts = nccl_options(sms, self.cfg)
         if opts is None:
-            self._env_fallback(sms)
+            raise CommSetupError(NO_NCCL_CONFIG)
         self._groups[sms] = dist.new_group(backend="nccl", pg_options=opts)
         return self._groups[sms]
 
-    def _env_fallback(self, sms: int) -> None:
-        """NCCL_MAX_CTAS (and MIN) for a torch build without per-communicator config: NCCL reads them
-        once per process, so every backend of the process shares the one SM count written first."""
-        taken = _NCCL_ENV_WRITTEN.get("NCCL_MAX_CTAS")
-        if taken is not None and taken != str(sms):
-            raise CommSetupError(f"this torch build has no per-communicator NCCL config; NCCL_MIN/MAX_CTAS are "
-                                 f"read once per process, so only one SM count ({taken}) can be used, not {sms}")
-        keys = ("NCCL_MAX_CTAS", "NCCL_MIN_CTAS") if self.cfg.exact_ctas else ("NCCL_MAX_CTAS",)
-        for key in keys:
-            os.environ[key] = _NCCL_ENV_WRITTEN[key] = str(sms)
+
+NO_NCCL_CONFIG = ("hardware.comm=nccl: this torch build exposes no per-communicator NCCL config "
+                  "(ProcessGroupNCCL.Options().config.max_ctas: torch built with NCCL 2.17 or later), so the comm "
+                  "kernel's SM count cannot vary between candidates; install such a build")
 
 
 @dataclass
