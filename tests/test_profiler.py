@@ -450,6 +450,73 @@ def test_a_candidate_whose_lock_failed_is_journaled_without_a_clock(tmp_path, mo
     assert rows == {1410: 1410, 1005: None}
 
 
+def test_a_reference_anchor_whose_lock_failed_partway_is_undone_before_the_window(tmp_path, monkeypatch):
+    """The thermal policy's reference anchor locked 1410 MHz on GPU 0 and failed on GPU 1; the backend
+    still recorded the candidate's clock, so no lock followed and its window ran with GPU 0 at 1410."""
+    held: dict = {}
+    fail = {"on": False}
+    fake = _fake_nvml(monkeypatch, [])
+
+    def lock(h, lo, hi):
+        if fail["on"] and h == "nvml1" and lo == 1410:
+            raise RuntimeError("NVMLError_Unknown")  # transient, not a refusal of rights
+        held[h] = lo
+
+    fake.nvmlDeviceSetGpuLockedClocks = lock
+    fake.nvmlDeviceResetGpuLockedClocks = lambda h: held.pop(h, None)
+    be = FakeBackend()
+    seen = []
+    measure = be.measure
+    be.measure = lambda p, c, w: seen.append(dict(held)) or measure(p, c, w)
+    prof = Profiler(ProfilerConfig(cooldown={"name": "thermal"}), be, Journal.open(tmp_path / "j.sqlite", "h"),
+                    frequency=FREQUENCY_CONTROLLERS.build("nvml", be, config={"devices": [0, 1]}))
+    with prof:
+        prof.measure(PART, cand(sms=4, f=1005))
+        monkeypatch.setattr(prof.cooldown, "_wants_reference", lambda *a: True)  # a new reference is due ...
+        fail["on"] = True  # ... and its 1410 MHz lock fails on GPU 1 alone
+        m = prof.measure(PART, cand(sms=8, f=1005))
+    assert not m.failed and seen[-1] == {"nvml0": 1005, "nvml1": 1005}
+
+
+def test_a_second_interrupt_during_the_reset_still_unlocks_every_gpu(monkeypatch):
+    """A double Ctrl-C: the second lands while GPU 0 is being reset; GPU 1 stayed locked at 1005 MHz."""
+    held: dict = {}
+    fake = _fake_nvml(monkeypatch, [])
+    fake.nvmlDeviceSetGpuLockedClocks = lambda h, lo, hi: held.__setitem__(h, lo)
+
+    def reset(h):
+        held.pop(h, None)
+        if h == "nvml0":
+            raise KeyboardInterrupt  # the second press
+
+    fake.nvmlDeviceResetGpuLockedClocks = reset
+    with pytest.raises(KeyboardInterrupt):
+        with FREQUENCY_CONTROLLERS.build("nvml", None, config={"devices": [0, 1]}) as ctl:
+            ctl.set(1005)
+            raise KeyboardInterrupt  # the first press
+    assert held == {}
+
+
+def test_a_clock_the_simulated_gpu_refused_is_journaled_without_a_clock(tmp_path):
+    import sqlite3
+
+    be = FakeBackend()
+    set_clock = be.set_clock
+
+    def refuse_1005(mhz):
+        if mhz == 1005:
+            raise ValueError("clock 1005 MHz refused")
+        set_clock(mhz)
+
+    be.set_clock = refuse_1005
+    with Profiler(ProfilerConfig(), be, Journal.open(tmp_path / "j.sqlite", "h")) as prof:
+        got = prof.evaluator(PART)([cand(f=1410), cand(sms=8, f=1005)], None)
+    assert got[1].failed
+    with sqlite3.connect(tmp_path / "j.sqlite") as con:
+        rows = dict(con.execute("SELECT freq_mhz, clock_mhz FROM measurements").fetchall())
+    assert rows == {1410: 1410, 1005: None}
+
+
 def test_a_controller_that_never_locked_resets_nothing(monkeypatch):
     calls: list = []
     _denying_nvml(monkeypatch, calls)

@@ -55,6 +55,7 @@ class SimFrequencyController(FrequencyController):
 
     def set(self, mhz: int) -> None:
         if self.locked != mhz:
+            self.locked = None  # until the backend holds it: a refused clock is not the one measured at
             self.backend.set_clock(int(mhz))
             self.locked = int(mhz)
 
@@ -222,18 +223,18 @@ class DeviceLockController(FrequencyController):
             self.backend.set_clock(int(mhz))  # bookkeeping only: the backend records the locked clock
 
     def reset(self) -> None:
-        errors = []
-        for i in self._held:  # every GPU it locked, even if one fails
+        errors: list[BaseException] = []
+        for i in self._held:  # every GPU it locked, even if one fails or a second Ctrl-C lands meanwhile
             try:
                 self._unlock_device(self._devices[i])
-            except Exception as e:  # pragma: no cover - needs a GPU
+            except BaseException as e:  # noqa: BLE001 - re-raised below, once every device is unlocked
                 errors.append(e)
         self._held = []
         self.locked = None
         _release(self.backend)
         self._guard.restore()
-        if errors:
-            raise errors[0]
+        if errors:  # an interrupt first: it is what the user asked for
+            raise next((e for e in errors if not isinstance(e, Exception)), errors[0])
 
     def __exit__(self, *exc: Any) -> None:
         """Reset and close; a reset that fails while another error unwinds is logged, not raised over it."""

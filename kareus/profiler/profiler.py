@@ -274,8 +274,10 @@ class Profiler:
         taken = 0
         try:
             taken = hook(self.backend, read_ops_at, int(cand.freq_mhz))
-        finally:  # locked again on every rank or on none (the lock is a group step)
-            if not group_all(self.backend, not taken and self.backend.clock() == int(cand.freq_mhz)):
+        finally:  # locked again on every rank or on none (the lock is a group step); the controller's own
+            # record too, since a lock that failed partway leaves some devices at the anchor's clock
+            mhz = int(cand.freq_mhz)
+            if not group_all(self.backend, not taken and self.backend.clock() == mhz and self.frequency.locked == mhz):
                 self._lock(cand.freq_mhz)
         if taken and self.journal is not None:
             self.journal.set_meta(key, json.dumps(self.cooldown.state()))
@@ -378,9 +380,9 @@ class Profiler:
         except Exception:
             temp = None
         clock = getattr(self.frequency, "locked", None)
-        # a controller that locks GPUs and holds no clock failed to lock this candidate's: the GPUs'
-        # clock is unknown, and the backend's would be the previous candidate's
-        if clock is None and not getattr(self.frequency, "locks_gpu", False):
+        # a controller that holds no clock failed to set this candidate's (a failed candidate), or locks
+        # GPUs and failed: the clock is unknown, and the backend's would be the previous candidate's
+        if clock is None and not m.failed and not getattr(self.frequency, "locks_gpu", False):
             try:
                 clock = int(self.backend.clock())
             except Exception:
