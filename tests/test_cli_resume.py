@@ -170,3 +170,28 @@ def test_a_run_directory_with_another_configs_journal_is_refused_before_anything
     res = kareus(work, *TINY, "seed=1", "hydra.run.dir=runs/reused", "hydra.output_subdir=null", timeout=300)
     assert res.returncode == 2 and error_lines(res.stderr)[0].endswith("; it differs in search.seed (0 -> 1), seed (0 -> 1)")
     assert not (work / "runs" / "mlflow.db").exists()  # refused before the MLflow run was opened
+
+
+def test_a_resume_after_the_replay_table_changed_is_refused_and_says_so(tmp_path):
+    """The config names the table by path: a table recorded again (every energy doubled here) under the
+    same path would have had its candidates answered with the old table's numbers."""
+    table = tmp_path / "t.csv"
+    rows = [("sequential", 4, 1410, 0.004, 1.0), ("norm_0", 4, 1410, 0.003, 0.9), ("norm_0", 8, 1200, 0.0031, 0.8)]
+
+    def write(scale: float) -> None:
+        table.write_text("partition,slot,sms,freq_mhz,time_s,energy_j,repeat\n" + "".join(
+            f"p,{s},{n},{f},{t},{e * scale},0\n" for s, n, f, t, e in rows))
+
+    args = ["mode=search", "hardware=replay", f"hardware.table={table}", "search=exhaustive", "progress=false",
+            "tracking.enabled=false"]
+    write(1.0)
+    res = kareus(tmp_path, *args, "hydra.run.dir=runs/a", timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    res = kareus(tmp_path, *args, "resume=runs/a", "hydra.run.dir=runs/same", timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]  # the same table: resumed
+    write(2.0)
+    res = kareus(tmp_path, *args, "resume=runs/a", "hydra.run.dir=runs/b", timeout=300)
+    [line] = error_lines(res.stderr)
+    assert res.returncode != 0 and line.startswith("error: resume: journal ")
+    assert line.endswith(f"its config is the same, but the replay table {table} changed since it was measured")
+    assert not (tmp_path / "runs" / "b" / "journal.sqlite").exists()

@@ -146,7 +146,7 @@ def _differences(saved: Path | bytes | None, cfg: Any, most: int = 6) -> str:
     """``; it differs in k (old -> new), ...``: what changed against a run's saved config (its file, or
     its bytes); "" when that config is gone or unreadable, or nothing measured differs (another
     Kareus revision)."""
-    from omegaconf import OmegaConf
+    from omegaconf import DictConfig, OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     from kareus.config.hashing import measured_differences
@@ -158,6 +158,9 @@ def _differences(saved: Path | bytes | None, cfg: Any, most: int = 6) -> str:
         diff = measured_differences(old, cfg)
     except (OSError, OmegaConfBaseException, ValueError, AttributeError):
         return ""
+    table = OmegaConf.select(cfg, "hardware.table", default=None) if isinstance(cfg, DictConfig) else None
+    if not diff and table:  # the same keys, so the table's contents (part of the hash) changed
+        return f"; its config is the same, but the replay table {table} changed since it was measured"
     if not diff:
         return ""
     more = f", and {len(diff) - most} more" if len(diff) > most else ""
