@@ -214,3 +214,65 @@ def test_check_reads_every_page_of_a_journal_to_be_resumed(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(JournalError, match="not a readable Kareus journal"):
         check_journal(path, "h")
+
+
+# What a journal row means under each measurement revision, as ``measurement_fingerprint()`` reads it.
+# A change of partitions, ops, the simulated GPU or the profiler's protocol changes it: then bump
+# MEASUREMENT_REVISION (kareus/profiler/journal.py) and pin the new fingerprint under the new revision.
+REVISION_FINGERPRINTS = {2: "4793f24cf4618de9"}
+
+
+def _sig(x: float) -> str:
+    return f"{x:.6g}"
+
+
+def measurement_fingerprint() -> str:
+    """A hash of the tiny model's partitions (keys, ops, slots) on pp2_tp2 for each norm and activation,
+    the simulated A100's outcomes of a few settings of each, and one default-protocol profile."""
+    import hashlib
+
+    from omegaconf import OmegaConf
+
+    import kareus.hardware  # noqa: F401  (registers the backends)
+    import kareus.partition  # noqa: F401
+    from kareus.config.schema import ModelConfig, ParallelConfig
+    from kareus.hardware.model import simulate_partition
+    from kareus.profiler import Profiler, ProfilerConfig
+    from kareus.registry import HARDWARE, PARTITIONERS
+    from kareus.types import SEQUENTIAL
+    from kareus.workload import build_workload
+
+    conf = ROOT / "kareus" / "conf"
+    hw = OmegaConf.load(conf / "hardware" / "a100_sim.yaml")
+    hw.pop("defaults", None)
+    par = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ParallelConfig),
+                                              OmegaConf.load(conf / "parallel" / "pp2_tp2.yaml"))).spec()
+    parts = []
+    for norm, act in (("rmsnorm", "swiglu"), ("layernorm", "gelu")):
+        m = OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(conf / "model" / "tiny.yaml"),
+                            {"norm": norm, "activation": act, "qk_layernorm": True})
+        types = PARTITIONERS.build("nanobatch", config={}).partition(build_workload(OmegaConf.to_object(m).spec(), par)).types
+        parts += [(norm, act, t) for t in types]
+    backend = HARDWARE.build("sim", config=hw, seed=0)
+    lines = []
+    for norm, act, t in parts:
+        lines.append(f"{norm} {act} {t.key} {t!r}")
+        for slot in (SEQUENTIAL, t.slots[0].label if t.slots else SEQUENTIAL):
+            for sms, mhz in ((4, 1410), (16, 990)):
+                o = simulate_partition(backend.cfg, t, slot, sms, mhz)
+                lines.append(" ".join(map(_sig, (o.time_s, o.dynamic_j, o.static_scale, o.overlap_s, o.exposed_comm_s))))
+    first = parts[0][2]
+    with Profiler(ProfilerConfig(), backend) as prof:
+        m = prof.measure(first, Candidate(first.key, SEQUENTIAL, 8, 1200))
+    lines.append(" ".join(map(_sig, (m.time_s, m.energy_j, m.dynamic_energy_j))))
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
+
+
+def test_what_journal_rows_mean_is_pinned_to_the_measurement_revision():
+    """Journals of another revision are refused on resume; this keeps the revision honest: a change
+    of what a row means without a bump would let a resumed run mix old numbers with new ones."""
+    from kareus.profiler.journal import MEASUREMENT_REVISION
+
+    assert REVISION_FINGERPRINTS.get(MEASUREMENT_REVISION) == measurement_fingerprint(), (
+        "what a journal row means changed: bump MEASUREMENT_REVISION in kareus/profiler/journal.py and pin "
+        "measurement_fingerprint() under the new revision in REVISION_FINGERPRINTS")
