@@ -121,6 +121,32 @@ def test_clocks_are_reset_on_exit_even_after_an_error_and_relocked_after():
         PlanExecutor(_plan(), ctl, stage=2)
 
 
+def test_the_last_instructions_kernels_finish_at_its_clock_before_the_reset():
+    log: list = []
+    ctl = FakeController()
+    ctl.calls = log
+    ex = PlanExecutor(_plan(), ctl, stage=1, sync=lambda: log.append("sync"))
+    ex.reset()  # nothing locked: nothing to wait for
+    ex.begin(0, "fwd")
+    ex.reset()
+    assert log == ["reset", "sync", 1005, "sync", "reset"]
+
+
+def test_a_reset_that_fails_while_an_error_unwinds_does_not_replace_that_error(caplog):
+    class Failing(FakeController):
+        def reset(self) -> None:
+            raise RuntimeError("NVML: GPU is lost")
+
+    with pytest.raises(ZeroDivisionError):
+        with PlanExecutor(_plan(), Failing(), stage=1, sync=lambda: None) as ex:
+            ex.begin(0, "fwd")
+            1 / 0
+    assert "could not reset the GPU clocks after ZeroDivisionError (RuntimeError: NVML: GPU is lost)" in caplog.text
+    with pytest.raises(RuntimeError, match="GPU is lost"):  # alone, the failure is the error
+        with PlanExecutor(_plan(), Failing(), stage=1, sync=lambda: None) as ex:
+            ex.begin(0, "fwd")
+
+
 def test_run_partition_hands_the_knobs_to_the_backend():
     calls = []
     backend = SimpleNamespace(run_partition=lambda p, slot, sms: calls.append((p.key, slot, sms)))

@@ -115,7 +115,10 @@ class PlanExecutor:
         return ins
 
     def reset(self) -> None:
-        """Give the clocks back (unlocked); the next ``begin`` locks again."""
+        """Give the clocks back (unlocked) once the last instruction's queued kernels ran at its clock;
+        the next ``begin`` locks again."""
+        if self._locked is not None:
+            self.sync()
         self._locked = None
         self.current = None
         self._settings = {}
@@ -125,7 +128,17 @@ class PlanExecutor:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.reset()
+        """Reset; a reset that fails while the training step's own error unwinds is logged, not raised over it."""
+        if exc[0] is None:
+            self.reset()
+            return
+        try:
+            self.reset()
+        except Exception as e:
+            import logging
+
+            logging.getLogger(__name__).error("could not reset the GPU clocks after %s (%s: %s); reset them "
+                                              "with nvidia-smi -rgc", exc[0].__name__, type(e).__name__, e)
 
     # -- what the layer code asks --------------------------------------------------------------------
     def setting(self, partition: str) -> PartitionSetting:
