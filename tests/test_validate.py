@@ -115,11 +115,18 @@ def test_micro_batch_must_split_into_nanobatches():
 
 
 def test_sequence_parallel_tokens_must_split_over_tp():
-    """The workload builder raised a traceback, after Hydra had written the run folder."""
+    """The workload builder raised a traceback, after Hydra had written the run folder. Megatron scatters
+    each sequence over tp: a batch of 4 could make 2052 tokens a sequence split in sum (2 x 2052 is a
+    multiple of 8), which megatron's scatter refuses."""
     got = problems("parallel.micro_batch_size=2", "parallel.seq_len=2050", "parallel.sequence_parallel=true")
-    assert got == ["parallel.sequence_parallel: a nanobatch's 2050 tokens per GPU (micro_batch_size/nanobatches x "
-                   "seq_len/cp) do not split over tp=8"], got
+    assert got == ["parallel.sequence_parallel: a sequence's 2050 tokens per GPU (seq_len/cp) do not split over tp=8"], got
+    assert problems("parallel.micro_batch_size=4", "parallel.seq_len=2052", "parallel.sequence_parallel=true") == [
+        "parallel.sequence_parallel: a sequence's 2052 tokens per GPU (seq_len/cp) do not split over tp=8"]
     assert problems("parallel.micro_batch_size=2", "parallel.seq_len=2050", "parallel.sequence_parallel=false") == []
+
+
+def test_an_odd_sequence_is_valid_without_context_parallelism():
+    assert problems("parallel.seq_len=4095") == []
 
 
 def test_cp_must_divide_sequence_twice():

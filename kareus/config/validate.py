@@ -89,14 +89,12 @@ def validate_model_parallel(model: Any, p: Any, gpus_per_node: int) -> list[str]
     if p.micro_batch_size % p.nanobatches:
         problems.append(f"parallel.micro_batch_size: {p.micro_batch_size} does not split into "
                         f"parallel.nanobatches={p.nanobatches} equal nanobatches")
-    if p.seq_len % (2 * p.cp):
+    if p.cp > 1 and p.seq_len % (2 * p.cp):  # without cp nothing splits the sequence
         problems.append(f"parallel.cp: seq_len {p.seq_len} must be divisible by 2*cp={2 * p.cp} "
                         "(causal load balancing)")
-    elif not p.micro_batch_size % p.nanobatches and p.sequence_parallel:
-        tokens = p.micro_batch_size // p.nanobatches * p.seq_len // p.cp
-        if tokens % p.tp:
-            problems.append(f"parallel.sequence_parallel: a nanobatch's {tokens} tokens per GPU "
-                            f"(micro_batch_size/nanobatches x seq_len/cp) do not split over tp={p.tp}")
+    elif p.sequence_parallel and (p.seq_len // p.cp) % p.tp:  # megatron scatters each sequence, not the batch
+        problems.append(f"parallel.sequence_parallel: a sequence's {p.seq_len // p.cp} tokens per GPU "
+                        f"(seq_len/cp) do not split over tp={p.tp}")
     if p.tp * p.cp > gpus_per_node:
         problems.append(f"parallel.tp: tp*cp={p.tp * p.cp} GPUs do not fit one node of {gpus_per_node} GPUs")
     import kareus.compose.schedule  # noqa: F401  (registers the schedules)

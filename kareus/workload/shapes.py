@@ -60,8 +60,9 @@ def make_shard(model: ModelSpec, parallel: ParallelSpec) -> Shard:
         if value % tp:
             problems.append(f"{name} {value} is not divisible by tp {tp}")
     tokens = parallel.micro_batch_size // nb * parallel.seq_len // cp
-    if parallel.sequence_parallel and tokens % tp:
-        problems.append(f"tokens per GPU {tokens} are not divisible by tp {tp} (sequence parallel)")
+    if parallel.sequence_parallel and (parallel.seq_len // cp) % tp:  # each sequence is scattered over tp
+        problems.append(f"a sequence's tokens per GPU {parallel.seq_len // cp} are not divisible by tp {tp} "
+                        "(sequence parallel)")
     split = parallel.layers_per_stage(model.num_layers)
     if len(split) != parallel.pp or sum(split) != model.num_layers or min(split) < 1:
         problems.append(f"layers per stage {split} do not split {model.num_layers} layers over pp={parallel.pp}")
