@@ -171,6 +171,10 @@ def test_perseus_comparison_is_optional_and_leaves_the_reference_as_it_was(tmp_p
     assert "Megatron + Perseus" not in runs["false"][1] and "Megatron + Perseus" in runs["true"][1]
     assert on["perseus"]["energy_saving_at_reference_pct"] >= 0 and on["perseus"]["gpu_hours_simulated"] > 0
     assert _journal_rows(runs["true"][0]) > _journal_rows(runs["false"][0])
+    # run again in the first folder without the comparison: its CSV named plans this run does not write
+    res = kareus(tmp_path, *tiny, "plan.compare_perseus=false", "hydra.run.dir=runs/true", timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert not (runs["true"][0] / "frontier_perseus.csv").exists()
 
 
 def test_a_one_clock_runs_perseus_line_names_its_one_point(tmp_path):

@@ -177,6 +177,12 @@ def test_missing_file_is_a_plan_error(tmp_path):
         load_plan(tmp_path / "absent.yaml")
 
 
+def test_a_binary_file_is_a_plan_error(tmp_path):
+    (tmp_path / "bad.yaml").write_bytes(b"\xff\xfe\x00bad")
+    with pytest.raises(PlanFormatError, match=r"bad.yaml: not UTF-8 text \(byte 0xff at 0\)"):
+        load_plan(tmp_path / "bad.yaml")
+
+
 def test_selection_rules(plans):
     fastest = min(plans, key=lambda p: p.predicted_time_s)
     cheapest = min(plans, key=lambda p: p.predicted_energy_j)
@@ -208,9 +214,15 @@ def test_infeasible_requests_say_how_far_off(plans):
         select_plan(plans, PlanConfig(energy_budget_j=least * 0.5))
     assert "least-energy plan uses" in str(e.value) and "(100.00%) over" in str(e.value)
     # a deadline copied from the table's 4 decimals: the plan's exact time shows what it misses by
+    deadline = fastest - 4e-5 * fastest
     with pytest.raises(PlanSelectionError) as e:
-        select_plan(plans, PlanConfig(deadline_s=fastest - 4e-5 * fastest))
-    assert f"{fastest:.9g} s per iteration" in str(e.value) and "(0.004%) over" in str(e.value)
+        select_plan(plans, PlanConfig(deadline_s=deadline))
+    assert f"{fastest!r} s per iteration" in str(e.value) and "(0.004%) over" in str(e.value)
+    assert f"plan.deadline_s={deadline!r} s" in str(e.value)  # never rounded past the plan that misses it
+    least_by_a_hair = least * (1 - 1e-8)
+    with pytest.raises(PlanSelectionError) as e:
+        select_plan(plans, PlanConfig(energy_budget_j=least_by_a_hair))
+    assert f"plan.energy_budget_j={least_by_a_hair!r} J: the least-energy plan uses {least!r} J" in str(e.value)
     with pytest.raises(PlanSelectionError, match="no execution plans"):
         select_plan([], PlanConfig())
     with pytest.raises(PlanSelectionError, match="exclusive"):

@@ -213,10 +213,12 @@ def _against_perseus(ctx: RunContext, console: Console, comp: Any, plans: list, 
     from kareus.plan.baseline import equal_time, equal_time_table, savings_summary, write_equal_time_csv
     from kareus.tracking.records import gpu_hours_name
 
+    path = ctx.run_dir / "frontier_perseus.csv"
     if comp.perseus is None or not len(comp.perseus):
+        path.unlink(missing_ok=True)  # an earlier run's in this folder would name plans this run does not write
         return {}
     rows = equal_time(plans, [(p.time_s, p.energy_j) for p in comp.perseus.frontier])
-    write_equal_time_csv(ctx.run_dir / "frontier_perseus.csv", rows)
+    write_equal_time_csv(path, rows)
     n_clocks = len(perseus_clocks(ctx))
     console.print(equal_time_table(rows, f"Against Megatron + Perseus (Megatron's layout, one of {n_clocks} clocks per "
                                          f"instruction) at equal time ({label}, predicted)"))

@@ -169,6 +169,8 @@ def load_plan(path: str | Path) -> ExecutionPlan:
         raise PlanFormatError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
     except OSError as e:
         raise PlanFormatError(f"{path}: cannot read ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise PlanFormatError(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at {e.start})") from None
     return plan_from_dict(data, where=str(path))
 
 

@@ -54,10 +54,10 @@ def select_plan(plans: Sequence[ExecutionPlan], cfg: PlanConfig | None = None) -
         raise PlanSelectionError("; ".join(problems))
     if cfg.deadline_s is not None:
         return _within(plans, "predicted_time_s", "predicted_energy_j", cfg.deadline_s,
-                       f"no plan meets plan.deadline_s={cfg.deadline_s:.6g} s: the fastest plan takes", "s")
+                       "no plan meets plan.deadline_s={limit} s: the fastest plan takes", "s")
     if cfg.energy_budget_j is not None:
         return _within(plans, "predicted_energy_j", "predicted_time_s", cfg.energy_budget_j,
-                       f"no plan fits plan.energy_budget_j={cfg.energy_budget_j:.6g} J: the least-energy plan uses",
+                       "no plan fits plan.energy_budget_j={limit} J: the least-energy plan uses",
                        "J")
     if SelectRule(cfg.select) is SelectRule.min_energy:
         return min(plans, key=lambda p: (p.predicted_energy_j, p.predicted_time_s))
@@ -66,13 +66,21 @@ def select_plan(plans: Sequence[ExecutionPlan], cfg: PlanConfig | None = None) -
 
 def _within(plans: Sequence[ExecutionPlan], limited: str, minimised: str, limit: float, refusal: str,
             unit: str) -> ExecutionPlan:
-    """Minimise ``minimised`` among plans whose ``limited`` is within ``limit``; or say how far off it is."""
+    """Minimise ``minimised`` among plans whose ``limited`` is within ``limit``; or say how far off it is
+    (``refusal`` names the limit as ``{limit}``)."""
     ok = [p for p in plans if within_limit(getattr(p, limited), limit)]
     if not ok:
+        from kareus.plan.report import exact
+
         nearest = getattr(min(plans, key=lambda p: getattr(p, limited)), limited)
         gap = nearest - limit
         pct = 100 * gap / limit
-        # a limit copied from a rounded table can miss by far less than 0.01%: then more digits
-        value, share = (f"{nearest:.6g}", f"{pct:.2f}") if pct >= 0.01 else (f"{nearest:.9g}", f"{pct:.2g}")
-        raise PlanSelectionError(f"{refusal} {value} {unit} per iteration, {gap:.4g} {unit} ({share}%) over")
+        # a limit copied from a rounded table can miss by far less than 0.01%: then every digit of both,
+        # or the limit would read as rounded past the plan that misses it
+        if pct >= 0.01:
+            shown, value, share = f"{limit:.6g}", f"{nearest:.6g}", f"{pct:.2f}"
+        else:
+            shown, value, share = exact(limit), exact(nearest), f"{pct:.2g}"
+        raise PlanSelectionError(f"{refusal.format(limit=shown)} {value} {unit} per iteration, "
+                                 f"{gap:.4g} {unit} ({share}%) over")
     return min(ok, key=lambda p: (getattr(p, minimised), getattr(p, limited)))
