@@ -477,15 +477,17 @@ def test_a_first_run_on_a_fresh_machine_prints_no_library_log_lines(tmp_path, mo
 
 @pytest.mark.parametrize("name,text,says", [
     ("broken", "name: [1,2\n", "{path}:2: not valid YAML (expected ',' or ']', but got '<stream end>')"),
+    # a ValueError to Hydra: it was printed as the codec's words alone, naming no file
+    ("binary", b"name: x\n\xff\xfe", "{path}: not UTF-8 text (byte 0xff at 8)"),
     # Hydra picks the shipped file: the user's edited ``tiny`` was ignored without a word
     ("tiny", "name: tiny\nnum_layers: 6\n",
      "--config-dir: {path} has the name of a shipped model option, which is the one chosen by model=tiny; "
      "rename the file"),
-], ids=["unparsable", "shadowed"])
+], ids=["unparsable", "not-text", "shadowed"])
 def test_a_user_model_file_that_cannot_be_used_is_one_line_naming_it(tmp_path, name, text, says):
     user = tmp_path / "userconf" / "model"
     user.mkdir(parents=True)
-    (user / f"{name}.yaml").write_text(text)
+    (user / f"{name}.yaml").write_bytes(text if isinstance(text, bytes) else text.encode())
     res = kareus(tmp_path, "--config-dir", str(tmp_path / "userconf"), f"+model={name}", "mode=describe")
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
     assert error_lines(res.stderr) == ["error: " + says.format(path=user / f"{name}.yaml")]

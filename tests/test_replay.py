@@ -100,6 +100,13 @@ def test_rows_without_repeat_column_are_repeats_in_order(tmp_path):
     assert load_table(write(tmp_path, text))[("p", "norm_0", 2, 1410)] == [(0.01, 2.0), (0.02, 3.0)]
 
 
+def test_a_table_that_is_not_text_is_a_table_error_naming_it(tmp_path):
+    """It escaped as the codec's error, which validation printed as 'hardware.cannot be checked: ...'."""
+    (tmp_path / "t.csv").write_bytes(b"\xff\xfe\x00bad")
+    with pytest.raises(TableError, match=r"t.csv: not UTF-8 text \(byte 0xff at 0\)"):
+        load_table(tmp_path / "t.csv")
+
+
 def test_missing_table_is_a_clear_error(tmp_path):
     with pytest.raises(TableError, match="hardware.table"):
         build("")

@@ -648,3 +648,14 @@ def test_exhaustive_refuses_a_budget_it_would_ignore():
         "or pick a searcher that uses one"]
     assert problems("search=exhaustive", "search.budget_frac=0.5") == [
         "search.budget_frac: search=exhaustive profiles the whole space (1.0), got 0.5"]
+
+
+def test_a_rule_that_cannot_run_is_one_line_under_its_section(monkeypatch):
+    """It read 'hardware.cannot be checked: ...', the section glued to the words as if they were a key."""
+    from kareus.profiler.config import ProfilerConfig
+
+    def broken(self, ctx=None):
+        raise RuntimeError("the rule tripped\nover something")
+
+    monkeypatch.setattr(ProfilerConfig, "problems", broken)
+    assert problems() == ["profiler: cannot be checked: the rule tripped"]

@@ -215,6 +215,8 @@ def _compose(overrides: list[str], hydra: bool = True) -> tuple[Any, list[str]]:
         cfg = compose(CONFIG_NAME, overrides=overrides, return_hydra_config=hydra)
     except (HydraException, OmegaConfBaseException) as err:
         return None, [_message(err)]
+    except UnicodeDecodeError as err:  # a ValueError too: a user's YAML file that is not text
+        return None, [_not_text(err, overrides)]
     except ValueError as err:  # e.g. ``search=null``: Hydra refuses a group choice of null this way
         return None, [_null_choice(overrides) or _first_line(str(err))]
     except Exception as err:  # a user's YAML that does not parse; a value Hydra's merge trips over
@@ -272,6 +274,24 @@ def _unreadable(err: Exception) -> str | None:
     mark = getattr(err, "problem_mark", None)
     where = f"{mark.name}:{mark.line + 1}" if mark is not None else "a config file"
     return f"{where}: not valid YAML ({getattr(err, 'problem', None) or _first_line(str(err))})"
+
+
+def _not_text(err: UnicodeDecodeError, overrides: list[str]) -> str:
+    """``<file>: not UTF-8 text (...)``: the first YAML file of the user's config folders (the
+    ``hydra.searchpath`` of ``overrides``; top level and group folders) that does not decode."""
+    why = f"not UTF-8 text (byte 0x{err.object[err.start]:02x} at {err.start})"
+    for o in overrides:
+        if o.startswith("hydra.searchpath="):
+            for entry in o.partition("=")[2].strip("[]").split(","):
+                folder = Path(entry.strip().removeprefix("file://"))
+                for path in sorted([*folder.glob("*.yaml"), *folder.glob("*/*.yaml")]):
+                    try:
+                        path.read_text(encoding="utf-8")
+                    except UnicodeDecodeError:
+                        return f"{path}: {why}"
+                    except OSError:
+                        continue
+    return f"config: a config file is {why}"
 
 
 def _group_given_a_value(overrides: list[str]) -> str | None:

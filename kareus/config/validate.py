@@ -259,7 +259,7 @@ def validate(cfg: Any) -> dict[str, Any]:
         try:
             lines = rules(ctx)
         except Exception as exc:
-            lines = [f"cannot be checked: {_first_line(exc)}"]
+            lines = [f"{key}: cannot be checked: {_first_line(exc)}"]
         problems += [ln if ln.split(":")[0].split(".")[0] in sections else f"{key}.{ln}" for ln in lines]
     if problems:
         raise ConfigError(problems)

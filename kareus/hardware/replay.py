@@ -6,6 +6,7 @@ configuration are repeats, returned in turn. Energy and time are per GPU for one
 from __future__ import annotations
 
 import csv
+import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,7 +59,11 @@ def load_table(path: str | Path) -> dict[Key, list[tuple[float, float]]]:
         raise TableError(f"replay table {p} does not exist")
     rows: dict[Key, dict[int, tuple[float, float]]] = {}
     order: dict[Key, list[tuple[float, float]]] = {}
-    with open(p, newline="") as fh:
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise TableError(f"{p}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at {e.start})") from None
+    with io.StringIO(text, newline="") as fh:
         reader = csv.reader(fh)
         header = next(reader, None)
         if header is None:
