@@ -143,6 +143,7 @@ def test_convert_the_real_a100_tables(tmp_path):
     ({"clock_default.csv": "overlap_start,overlap_end,comm_sm_number,comm_block_size,0:time (s),0:total energy (J)\n"
                            "-1,-1,4,1024,0.001,2.0\n-1,-1,4,1024,0.001,2.0\n"},
      "line 3 repeats the window of line 2 (overlap -1..-1, 4 SMs)"),
+    ({"clock_default.csv": b"\xff\xfe\x00bad"}, "clock_default.csv: not UTF-8 text (byte 0xff at 0)"),
 ])
 def test_converting_a_folder_that_is_not_the_recorded_tables_says_why_and_writes_nothing(tmp_path, capsys, files, says):
     from kareus.hardware.tables import main
@@ -150,7 +151,7 @@ def test_converting_a_folder_that_is_not_the_recorded_tables_says_why_and_writes
     src = tmp_path / "src"
     src.mkdir()
     for name, text in files.items():
-        (src / name).write_text(text)
+        (src / name).write_bytes(text if isinstance(text, bytes) else text.encode())
     with pytest.raises(SystemExit) as e:
         main([str(src), str(tmp_path / "out" / "table.csv")])
     assert e.value.code == 2

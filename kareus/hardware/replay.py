@@ -50,6 +50,16 @@ Key = tuple[str, str, int, int]
 _PATH_CHARS = ("/", "\\", "\0")  # a partition key becomes part of file names (Kareus' own hold ':')
 
 
+def read_text(path: str | Path) -> str:
+    """A table file's text; one TableError line naming the file if it cannot be read or is not UTF-8."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise TableError(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at {e.start})") from None
+    except OSError as e:
+        raise TableError(f"{path}: cannot read ({e.strerror})") from None
+
+
 def load_table(path: str | Path) -> dict[Key, list[tuple[float, float]]]:
     """Parse and check a replay table: {(partition, slot, sms, freq_mhz): [(time_s, energy_j), ...]}."""
     p = Path(path)
@@ -59,11 +69,7 @@ def load_table(path: str | Path) -> dict[Key, list[tuple[float, float]]]:
         raise TableError(f"replay table {p} does not exist")
     rows: dict[Key, dict[int, tuple[float, float]]] = {}
     order: dict[Key, list[tuple[float, float]]] = {}
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise TableError(f"{p}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at {e.start})") from None
-    with io.StringIO(text, newline="") as fh:
+    with io.StringIO(read_text(p), newline="") as fh:
         reader = csv.reader(fh)
         header = next(reader, None)
         if header is None:

@@ -7,10 +7,11 @@ before forward op ``start`` and is joined after op ``end``; (-1, -1) runs it in 
 from __future__ import annotations
 
 import csv
+import io
 import statistics
 from pathlib import Path
 
-from kareus.hardware.replay import TableError
+from kareus.hardware.replay import TableError, read_text
 from kareus.types import Collective, Direction, Link, Op, OpKind, PartitionType, Slot, SEQUENTIAL
 
 PARTITION_KEY = "fwd_attn_tp2"
@@ -81,11 +82,7 @@ def read_windows(path: str | Path, block_size: int = BLOCK_SIZE) -> list[dict]:
     """Rows of one real table: window, SMs, and per-GPU time/energy per repeat (total energy / 2)."""
     out = []
     seen: dict[tuple[int, int, int], int] = {}  # window -> its line: a repeated one would be written twice
-    try:
-        fh = open(path, newline="")
-    except OSError as e:
-        raise TableError(f"{path}: cannot read ({e.strerror})") from None
-    with fh:
+    with io.StringIO(read_text(path), newline="") as fh:
         for line, row in enumerate(csv.DictReader(fh), start=2):
             try:
                 if int(row["comm_block_size"]) != block_size:
