@@ -412,6 +412,22 @@ def test_artifact_policy_shares():
     assert not [p for p in got if p.startswith("search.search")], f"section named twice: {got}"
 
 
+def test_artifact_policy_shares_must_be_numbers():
+    """NaN passed the sum check and crashed the run after its initial design was profiled."""
+    got = problems(*ALT1, "search.shares_total=nan")
+    assert "search.shares_total: must be a finite number >= 0, got nan" in got, got
+
+
+def test_qnehvi_checks_its_samples_and_its_optional_extra(monkeypatch):
+    """Both stopped the run with a traceback, after its initial design was profiled or its folder made."""
+    from kareus.search import qnehvi
+
+    monkeypatch.setattr(qnehvi, "available", lambda: True)
+    assert problems("search=qnehvi", "search.mc_samples=0") == ["search.mc_samples: must be >= 1, got 0"]
+    monkeypatch.setattr(qnehvi, "available", lambda: False)
+    assert problems("search=qnehvi") == [f"search: {qnehvi.MISSING}"]
+
+
 # ------------------------------------------------------------------- search space against the GPU
 
 
@@ -502,7 +518,9 @@ def test_space_min_frac_in_unit_interval():
 
 
 def test_space_needs_a_clock():
-    assert problems("search.space.freq_mhz.max=300") == ["search.space.freq_mhz: no clock in range"]
+    assert problems("search.space.freq_mhz.max=300") == [
+        "search.space.freq_mhz: no clock from 846 MHz (min_frac 0.6 x 1410) up to 300 MHz (max) in 60 MHz steps; "
+        "lower search.space.freq_mhz.min (>= 210) or raise its max"]
 
 
 def test_space_top_clock_must_be_a_supported_clock(hw):

@@ -177,6 +177,12 @@ class QNEHVIConfig(SearcherConfig):
     mc_samples: int = 32
     verbose: bool = False
 
+    def problems(self, ctx: Any = None) -> list[str]:
+        """The shared rules, and the optional extra: without it the run would stop after its set-up."""
+        from kareus.search.qnehvi import MISSING, available
+
+        return super().problems(ctx) + ([] if available() else [f"search: {MISSING}"])
+
 
 def round_batch(cfg: SearcherConfig, remaining: int) -> int:
     """Batch size after the initial design: ``batch_size``, or smaller so that ``remaining`` profiles
@@ -236,12 +242,16 @@ def config_problems(cfg: SearcherConfig) -> list[str]:
     if isinstance(cfg, MBOConfig):
         out += _mbo_problems(cfg)
     if isinstance(cfg, ArtifactConfig):
-        shares = {k: getattr(cfg, k) for k in ("shares_total", "shares_dynamic", "shares_fastest")}
-        if sum(shares.values()) > 1 or min(shares.values()) < 0:
-            out.append(f"search.shares_total/shares_dynamic/shares_fastest: must be >= 0 and sum to <= 1, "
-                       f"got {sum(shares.values())}")
+        names = ("shares_total", "shares_dynamic", "shares_fastest")
+        bad = out_of_bounds(cfg, "search.", nonnegative=names)  # NaN passed the sum below
+        out += bad
+        if not bad and sum(getattr(cfg, k) for k in names) > 1:
+            out.append(f"search.shares_total/shares_dynamic/shares_fastest: must sum to <= 1, "
+                       f"got {sum(getattr(cfg, k) for k in names)}")
         if cfg.members < 2:
             out.append(f"search.members: must be >= 2 (the spread is the uncertainty), got {cfg.members}")
+    if isinstance(cfg, QNEHVIConfig):
+        out += out_of_bounds(cfg, "search.", at_least_one=("mc_samples",))
     if isinstance(cfg, OptunaConfig):
         out += out_of_bounds(cfg, "search.", at_least_one=("max_asks_factor",))
     if isinstance(cfg, NSGA2Config) and cfg.population is not None and cfg.population < 2:

@@ -63,8 +63,9 @@ def sm_counts(space: SpaceConfig, gpu: GPUSpec) -> list[int]:
     return list(range(lo, hi + 1, step))
 
 
-def clocks(space: SpaceConfig, gpu: GPUSpec) -> list[int]:
-    """Ascending clocks on the GPU's grid, counted down from the maximum."""
+def clock_bounds(space: SpaceConfig, gpu: GPUSpec) -> tuple[int, int, int]:
+    """(lowest, highest, step) of the clock range: ``min`` (else ``min_frac`` x the GPU's maximum) to
+    ``max`` (else the GPU's maximum), within the GPU's range."""
     fr = space.freq_mhz
     step = fr.step if fr.step is not None else gpu.step_mhz * -(-DEFAULT_FREQ_STEP // gpu.step_mhz)
     hi = gpu.max_mhz if fr.max is None else min(fr.max, gpu.max_mhz)
@@ -72,8 +73,13 @@ def clocks(space: SpaceConfig, gpu: GPUSpec) -> list[int]:
         lo = max(fr.min, gpu.min_mhz)
     else:
         lo = max(gpu.min_mhz, int(np.ceil(fr.min_frac * gpu.max_mhz)))
-    out = [f for f in range(hi, lo - 1, -step)]
-    return out[::-1]
+    return lo, hi, step
+
+
+def clocks(space: SpaceConfig, gpu: GPUSpec) -> list[int]:
+    """Ascending clocks on the GPU's grid, counted down from the maximum."""
+    lo, hi, step = clock_bounds(space, gpu)
+    return [f for f in range(hi, lo - 1, -step)][::-1]
 
 
 def space_problems(space: SpaceConfig, gpu: GPUSpec, recorded: bool = False) -> list[str]:
@@ -119,7 +125,10 @@ def space_problems(space: SpaceConfig, gpu: GPUSpec, recorded: bool = False) -> 
     if not 0 < fr.min_frac <= 1:
         out.append(f"search.space.freq_mhz.min_frac: must be in (0, 1], got {fr.min_frac}")
     if not out and not clocks(space, gpu) and not recorded:
-        out.append("search.space.freq_mhz: no clock in range")
+        lo, hi, step = clock_bounds(space, gpu)
+        low = "min" if fr.min is not None else f"min_frac {fr.min_frac} x {gpu.max_mhz}"
+        out.append(f"search.space.freq_mhz: no clock from {lo} MHz ({low}) up to {hi} MHz (max) in {step} MHz "
+                   f"steps; lower search.space.freq_mhz.min (>= {gpu.min_mhz}) or raise its max")
     return out
 
 
