@@ -37,6 +37,11 @@ def test_clock_must_be_set_before_measuring(part):
         gpu.measure(part, cand(part, mhz=1200), 1.0)
     with pytest.raises(ValueError, match="no locked clock"):
         gpu.set_clock(1203)
+    for fraction in (1410.9, 1395.5):  # were truncated to 1410 and 1395, clocks the GPU would lock
+        with pytest.raises(ValueError, match=f"no locked clock {fraction} MHz"):
+            gpu.set_clock(fraction)
+    gpu.set_clock(1200.0)  # a whole clock written as a float is that clock
+    assert gpu.clock() == 1200
     gpu.set_clock(1200)
     r = gpu.measure(part, cand(part, mhz=1200), 1.0)
     assert r.ok and r.freq_mhz == 1200

@@ -36,17 +36,22 @@ class GPUSpec:
         hi = self.max_mhz if max_mhz is None else max_mhz
         return [f for f in range(self.max_mhz, lo - 1, -step) if f <= hi][::-1]
 
-    def supports_clock(self, mhz: int) -> bool:
+    def supports_clock(self, mhz: float) -> bool:
+        """Whether ``mhz`` is a clock this GPU can lock: whole, in range, on its step grid (1410.9 is
+        not 1410)."""
+        if not float(mhz).is_integer():
+            return False
+        mhz = int(mhz)
         return self.min_mhz <= mhz <= self.max_mhz and (self.max_mhz - mhz) % self.step_mhz == 0
 
-    def check_clock(self, mhz: int) -> None:
+    def check_clock(self, mhz: float) -> None:
         """Raise ValueError, naming the GPU's range and step, unless ``mhz`` is a clock it can lock."""
-        if not self.supports_clock(int(mhz)):
+        if not self.supports_clock(mhz):
             raise ValueError(self.clock_problem(mhz))
 
-    def clock_problem(self, mhz: int) -> str | None:
+    def clock_problem(self, mhz: float) -> str | None:
         """Why ``mhz`` is no clock this GPU can lock (its range and step named), or None."""
-        if self.supports_clock(int(mhz)):
+        if self.supports_clock(mhz):
             return None
         return (f"{self.name} has no locked clock {mhz} MHz "
                 f"({self.min_mhz}..{self.max_mhz} in {self.step_mhz} MHz steps)")
