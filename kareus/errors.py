@@ -21,3 +21,8 @@ class JobRefused:
 class OutputClosed(BrokenPipeError):
     """The reader of the results (``| head``) left: the run stops as a shell tool does. Raised by the
     run's console only, so a broken socket elsewhere (an MLflow server, a Ray peer) is not taken for it."""
+
+
+def not_text(err: UnicodeDecodeError) -> str:
+    """How a file that is not UTF-8 text is named in an error line: where its first bad byte sits."""
+    return f"not UTF-8 text (byte 0x{err.object[err.start]:02x} at {err.start})"

@@ -15,6 +15,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from kareus.errors import not_text
+
 CONFIG_MODULE = "kareus.conf"
 CONFIG_NAME = "config"
 _CONFIG_DIR_FLAGS = ("--config-dir", "-cd")
@@ -216,7 +218,7 @@ def _compose(overrides: list[str], hydra: bool = True) -> tuple[Any, list[str]]:
     except (HydraException, OmegaConfBaseException) as err:
         return None, [_message(err)]
     except UnicodeDecodeError as err:  # a ValueError too: a user's YAML file that is not text
-        return None, [_not_text(err, overrides)]
+        return None, [_file_not_text(err, overrides)]
     except ValueError as err:  # e.g. ``search=null``: Hydra refuses a group choice of null this way
         return None, [_null_choice(overrides) or _first_line(str(err))]
     except Exception as err:  # a user's YAML that does not parse; a value Hydra's merge trips over
@@ -276,10 +278,10 @@ def _unreadable(err: Exception) -> str | None:
     return f"{where}: not valid YAML ({getattr(err, 'problem', None) or _first_line(str(err))})"
 
 
-def _not_text(err: UnicodeDecodeError, overrides: list[str]) -> str:
+def _file_not_text(err: UnicodeDecodeError, overrides: list[str]) -> str:
     """``<file>: not UTF-8 text (...)``: the first YAML file of the user's config folders (the
     ``hydra.searchpath`` of ``overrides``; top level and group folders) that does not decode."""
-    why = f"not UTF-8 text (byte 0x{err.object[err.start]:02x} at {err.start})"
+    why = not_text(err)
     for o in overrides:
         if o.startswith("hydra.searchpath="):
             for entry in o.partition("=")[2].strip("[]").split(","):

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from kareus.errors import not_text
 from kareus.hardware.base import GPUSpec, LockedClock
 from kareus.hardware.spec import GPUConfig
 from kareus.registry import HARDWARE
@@ -55,7 +56,7 @@ def read_text(path: str | Path) -> str:
     try:
         return Path(path).read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
-        raise TableError(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at {e.start})") from None
+        raise TableError(f"{path}: {not_text(e)}") from None
     except OSError as e:
         raise TableError(f"{path}: cannot read ({e.strerror})") from None
 

@@ -11,6 +11,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from kareus.errors import not_text
 from kareus.plan.model import SCHEMA_VERSION, ExecutionPlan, InstructionPlan, PartitionSetting, StagePlan
 
 # version 1 plans have no clock_switch_s: they load (and save again) as version 2 plans whose
@@ -170,7 +171,7 @@ def load_plan(path: str | Path) -> ExecutionPlan:
     except OSError as e:
         raise PlanFormatError(f"{path}: cannot read ({e.strerror})") from None
     except UnicodeDecodeError as e:
-        raise PlanFormatError(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at {e.start})") from None
+        raise PlanFormatError(f"{path}: {not_text(e)}") from None
     return plan_from_dict(data, where=str(path))
 
 
