@@ -141,7 +141,7 @@ def test_a_reset_that_fails_while_an_error_unwinds_does_not_replace_that_error(c
         with PlanExecutor(_plan(), Failing(), stage=1, sync=lambda: None) as ex:
             ex.begin(0, "fwd")
             1 / 0
-    assert "could not reset the GPU clocks after ZeroDivisionError (RuntimeError: NVML: GPU is lost)" in caplog.text
+    assert "could not reset the locked GPU clocks after ZeroDivisionError (RuntimeError: NVML: GPU is lost)" in caplog.text
     with pytest.raises(RuntimeError, match="GPU is lost"):  # alone, the failure is the error
         with PlanExecutor(_plan(), Failing(), stage=1, sync=lambda: None) as ex:
             ex.begin(0, "fwd")

@@ -9,7 +9,7 @@ NVML and Zeus are imported lazily: the planner runs without them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from kareus.errors import KareusError
 from kareus.hardware.base import HardwareBackend
@@ -38,6 +38,21 @@ class FrequencyController:
             self.reset()
         finally:
             self.close()
+
+
+def reset_while_unwinding(reset: Callable[[], None], unwinding: type[BaseException] | None) -> None:
+    """Run ``reset``; while another error unwinds (``unwinding``), a reset that fails is logged instead
+    of raised over that error, which is the one the user needs to see."""
+    if unwinding is None:
+        reset()
+        return
+    try:
+        reset()
+    except Exception as e:
+        import logging
+
+        logging.getLogger(__name__).error("could not reset the locked GPU clocks after %s (%s: %s); reset them "
+                                          "with `nvidia-smi -rgc`", unwinding.__name__, type(e).__name__, e)
 
 
 @dataclass
@@ -238,15 +253,7 @@ class DeviceLockController(FrequencyController):
 
     def __exit__(self, *exc: Any) -> None:
         """Reset and close; a reset that fails while another error unwinds is logged, not raised over it."""
-        if exc[0] is None:
-            return super().__exit__(*exc)
-        try:
-            super().__exit__(*exc)
-        except Exception as e:  # pragma: no cover - needs a GPU whose reset fails
-            import logging
-
-            logging.getLogger(__name__).error("could not reset the locked GPU clocks (%s: %s); reset them "
-                                              "with `nvidia-smi -rgc`", type(e).__name__, e)
+        reset_while_unwinding(lambda: super(DeviceLockController, self).__exit__(*exc), exc[0])
 
     def close(self) -> None:
         self._guard.restore()

@@ -288,7 +288,7 @@ def nccl_cta_overrides(files: Sequence[Path] | None = None) -> list[str]:
     for path in nccl_conf_files() if files is None else files:
         try:
             lines = path.read_text().splitlines()
-        except OSError:  # absent or unreadable: NCCL skips it too
+        except (OSError, UnicodeDecodeError):  # absent or unreadable: NCCL skips it too
             continue
         for line in lines:
             key, sep, value = line.strip().partition("=")

@@ -129,16 +129,9 @@ class PlanExecutor:
 
     def __exit__(self, *exc: Any) -> None:
         """Reset; a reset that fails while the training step's own error unwinds is logged, not raised over it."""
-        if exc[0] is None:
-            self.reset()
-            return
-        try:
-            self.reset()
-        except Exception as e:
-            import logging
+        from kareus.profiler.frequency import reset_while_unwinding
 
-            logging.getLogger(__name__).error("could not reset the GPU clocks after %s (%s: %s); reset them "
-                                              "with nvidia-smi -rgc", exc[0].__name__, type(e).__name__, e)
+        reset_while_unwinding(self.reset, exc[0])
 
     # -- what the layer code asks --------------------------------------------------------------------
     def setting(self, partition: str) -> PartitionSetting:
