@@ -10,9 +10,10 @@ The comm kernel starts when the host issues it or, with ``comm_gated``, once the
 finished the ops before its slot; it runs alone while the compute stream idles. While it runs beside a
 compute kernel, it holds ``sms`` SMs that the compute kernel loses (with wave quantization for GEMMs),
 both draw on HBM, and the comm kernel is slowed by the co-running kernel: by ``contention_sm`` beside
-any kernel, plus ``contention_hbm`` times the kernel's HBM load (a streaming kernel queues the comm
-kernel's latency-bound memory accesses). Energy per execution: SM energy follows each kernel's work
-(activity x f V(f)^2), the comm kernel's SMs draw power while it runs, plus HBM and link traffic;
+any kernel, plus ``contention_hbm`` times the kernel's HBM load on the SMs left to it (a streaming
+kernel queues the comm kernel's latency-bound memory accesses; on few SMs it draws less bandwidth).
+Energy per execution: SM energy follows each kernel's work (activity x f V(f)^2), the comm kernel's
+SMs draw power while it runs, plus HBM and link traffic;
 static energy (static power x time, scaled by voltage and, in the backend, temperature) is added by
 the caller.
 """
@@ -164,12 +165,13 @@ def simulate(
         out, host_bound = _execute(cfg, compute, comm, mhz, sms, start, join, host_gap, ideal, ahead=True)
         if not host_bound:
             return out
-    return _execute(cfg, compute, comm, mhz, sms, start, join, host_gap, ideal, ahead=False)[0]
+    return _execute(cfg, compute, comm, mhz, sms, start, join, host_gap, ideal, ahead=False,
+                    hide_tail=cfg.host_ahead)[0]
 
 
 def _execute(
     cfg, compute: Sequence[Op], comm: Op | None, mhz: int, sms: int, start: int | None, join: int | None,
-    host_gap: bool, ideal: bool, ahead: bool,
+    host_gap: bool, ideal: bool, ahead: bool, hide_tail: bool = False,
 ) -> tuple[Outcome, bool]:
     """One execution of ``compute`` with ``comm`` launched before op ``start`` and joined after ``join``.
 
@@ -187,6 +189,11 @@ def _execute(
     (a host-bound call back to back, or the recorded harness, which synced each call). The call then
     idles ``host_gap_s`` (0 but for the harness, ``benchmarks/sim_fidelity.py``). Returns the outcome and
     whether the host's work outlasted the GPU's (host-bound).
+
+    ``hide_tail``: a host-bound call issued back to back. A comm joined at the chain's end that outlasts
+    the host's work runs on while the host issues the next call, whose kernels start only as issued, so
+    calls follow one another at the host's pace unless the comm stream itself takes longer per call (its
+    own run, start to end). Synced (the harness), the call ends with its comm.
     """
     n = len(compute)
     psm = cfg.p_sm_w * sm_power_scale(cfg, mhz)  # W of all SMs at activity 1
@@ -278,8 +285,10 @@ def _execute(
             if ideal:
                 kappa, tc2, tm2 = 0.0, tc, tm
             else:
-                # the comm kernel is latency-bound: it slows with the co-running kernel's HBM load
-                hbm_load = tm / max(tc, tm) if tm > 0 else 0.0
+                # the comm kernel is latency-bound: it slows with the co-running kernel's HBM load, the
+                # share of HBM bandwidth that kernel draws on the SMs the comm leaves it (on fewer SMs it
+                # spreads its bytes over a longer time): its bytes at full bandwidth over its duration there
+                hbm_load = tm / max(op_times(cfg, op, mhz, total_sms - sms)) if tm > 0 else 0.0
                 kappa = min(0.95, cfg.contention_sm + cfg.contention_hbm * hbm_load)
                 tc2, tm2 = op_times(cfg, op, mhz, total_sms - sms, 1.0 + comm_hbm_rate * (1.0 - kappa) / hbm_eff)
             crate = max(1e-6, 1.0 - kappa)  # comm progress per second, relative to running alone
@@ -311,6 +320,9 @@ def _execute(
         run_alone(t, math.inf)
         exposed -= max(0.0, min(comm_end, end + gap) - max(end, ready))  # hidden in the gap
     total = max(end + gap, comm_end)
+    if hide_tail and comm_end > end + gap:
+        total = max(end + gap, comm_end - ready)  # the comm stream's own time per call: from its start
+        exposed -= comm_end - total  # the tail the next call's issue hides
     hbm_bytes += chain_traffic * cfg.comm_hbm_per_byte
     dyn += hbm_bytes * cfg.hbm_pj_per_byte * 1e-12 + (traffic + chain_traffic) * cfg.link_pj_per_byte * 1e-12
     return Outcome(total, dyn, voltage_ratio(cfg, mhz), int(mhz), overlap, exposed), host_end > max(t, comm_end)

@@ -73,12 +73,25 @@ class SimulatedGPU(LockedClock):
                 out = simulate_partition(self.cfg, partition, slot, sms, f)
             else:
                 out = simulate(self.cfg, tuple(ops), None, f, 0, None, None, host_gap=False)
-            power = out.dynamic_j / out.time_s + self._static_w(out, self.cfg.static_ref_c) if out.time_s > 0 else 0.0
+            power = self.steady_power(out)
             if power <= self.cfg.tdp_w or f - self.gpu.step_mhz < self.gpu.min_mhz:
                 break
             f -= self.gpu.step_mhz
         self._cache[key] = out
         return out
+
+    def steady_power(self, out: Outcome) -> float:
+        """Board power of ``out`` run without end, at the temperature it settles to: what the power cap
+        judges. Static power grows with the temperature that the power itself sets, so the two are
+        solved together (linear in the temperature; ``problems`` keeps the loop gain below 1)."""
+        if out.time_s <= 0:
+            return 0.0
+        c = self.cfg
+        dyn_w = out.dynamic_j / out.time_s
+        s = c.static_power_w * out.static_scale
+        gain = c.thermal_r_c_per_w * s * c.static_temp_coeff
+        temp = (c.ambient_c + c.thermal_r_c_per_w * (dyn_w + s * (1.0 - c.static_temp_coeff * c.static_ref_c))) / (1.0 - gain)
+        return dyn_w + self._static_w(out, temp)
 
     def _static_w(self, out: Outcome, temp_c: float) -> float:
         c = self.cfg
