@@ -219,7 +219,7 @@ def test_check_reads_every_page_of_a_journal_to_be_resumed(tmp_path):
 # What a journal row means under each measurement revision, as ``measurement_fingerprint()`` reads it.
 # A change of partitions, ops, the simulated GPU or the profiler's protocol changes it: then bump
 # MEASUREMENT_REVISION (kareus/profiler/journal.py) and pin the new fingerprint under the new revision.
-REVISION_FINGERPRINTS = {2: "4793f24cf4618de9", 3: "1984b41c6b631666"}
+REVISION_FINGERPRINTS = {2: "4793f24cf4618de9", 3: "1984b41c6b631666", 4: "240eab56ef1e5588"}
 
 
 def _sig(x: float) -> str:

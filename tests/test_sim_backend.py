@@ -129,6 +129,75 @@ def test_back_to_back_reads_more_energy_than_after_rest(part):
     assert gpu.measure(part, c, 10.0).energy_j < statistics.mean(hot[-3:])
 
 
+def test_executions_without_a_reading_heat_the_gpu(part):
+    """Warm-up and calibration runs (``run_once``) and failed windows run the partition too: the GPU
+    heats as under a read window, and the time moves on."""
+    def until(gpu, step):
+        while gpu.now() < 30.0:
+            step()
+
+    for name, work in (
+        ("run_once", lambda gpu, c: until(gpu, lambda: gpu.run_once(part, c))),
+        ("failed windows", lambda gpu, c: until(gpu, lambda: gpu.measure(part, c, 10.0))),
+        ("windows under the counter period", lambda gpu, c: until(gpu, lambda: gpu.measure(part, c, 0.05))),
+    ):
+        gpu = SimulatedGPU(sim_config(fail_rate=1.0 if name == "failed windows" else 0.0))
+        c = cand(part)
+        gpu.set_clock(c.freq_mhz)
+        work(gpu, c)
+        assert gpu.temperature() > gpu.idle_temperature() + 10, name
+
+
+def test_the_energy_counter_integrates_what_ran_before_a_window(part):
+    """A reading spans the counter's last updates before and in the window, so the stretch between the
+    update before the window and its start counts at the power the GPU drew then: after calibration
+    runs it reads more than after as long an idle stretch (counted at idle power, both read alike, up
+    to ~9% low on a 1 s window)."""
+    gains = []
+    for seed in range(8):  # the counter's phase differs per seed
+        reads, ran = [], 0.0
+        for runs in (True, False):
+            gpu = SimulatedGPU(sim_config(power_noise=0.0, time_noise=0.0), seed)
+            c = cand(part)
+            gpu.set_clock(c.freq_mhz)
+            gpu.idle(1.0)
+            if runs:
+                while gpu.now() < 1.3:  # more than a counter period of executions
+                    gpu.run_once(part, c)
+                ran = gpu.now() - 1.0
+            else:
+                gpu.idle(ran)  # as long idle: the window starts at the same time, at the same phase
+            reads.append(gpu.measure(part, c, 1.0).energy_j)
+        gains.append(reads[0] / reads[1] - 1)
+    assert min(gains) > 0 and statistics.mean(gains) > 0.01
+
+
+def test_heat_does_not_depend_on_how_the_running_is_split_into_windows(part):
+    """The temperature and static power settle together; solved exactly, 1000 s of running heats the
+    GPU alike in one window, ten or a thousand (two fixed-point passes per window read 110, 514 and
+    843 C under a strong thermal loop)."""
+    temps = []
+    for windows in (1, 10, 1000):
+        gpu = SimulatedGPU(sim_config(power_noise=0.0, time_noise=0.0, thermal_r_c_per_w=0.19, static_temp_coeff=0.06))
+        c = cand(part)
+        gpu.set_clock(c.freq_mhz)
+        for _ in range(windows):
+            gpu.measure(part, c, 1000.0 / windows)
+        temps.append(gpu.temperature())
+    assert max(temps) == pytest.approx(min(temps), rel=1e-3)
+
+
+@pytest.mark.parametrize("window", [0.0, -1.0])
+def test_a_window_of_no_time_fails_and_changes_nothing(part, window):
+    gpu = SimulatedGPU(sim_config())
+    c = cand(part)
+    gpu.set_clock(c.freq_mhz)
+    temp, now = gpu.temperature(), gpu.now()
+    r = gpu.measure(part, c, window)
+    assert not r.ok and "shorter than the energy counter" in r.error
+    assert gpu.temperature() == temp and gpu.now() == now
+
+
 def test_short_windows_have_larger_energy_error(part):
     def mean_error(window):
         errs = []

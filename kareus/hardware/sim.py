@@ -1,9 +1,11 @@
 """The simulated GPU backend (``hardware=a100_sim``, the default): physics from model.py plus state.
 
 State is what makes profiling on it realistic: a thermal state (back-to-back windows run hotter and
-read more energy through temperature-dependent static power), an NVML-like energy counter that
-updates every ``counter_period_s`` (short windows are quantized), seeded noise, a board power cap
-that throttles the clock, and a virtual clock (``now``) that windows and cooldowns advance.
+read more energy through temperature-dependent static power; every execution heats, read or not), an
+NVML-like energy counter that integrates what the GPU draws and updates every ``counter_period_s``
+(short windows are quantized, and a reading reaches back to the update before the window), seeded
+noise, a board power cap that throttles the clock, and a virtual clock (``now``) that executions,
+windows and cooldowns advance.
 
 Reading noise is drawn per window from a stream of its own, keyed by the seed, what the window
 measures and how many windows measured it before: a reading depends on the GPU's state (its heat)
@@ -35,7 +37,7 @@ class SimulatedGPU(LockedClock):
         self._clock = self.gpu.max_mhz
         self._temp = self.idle_temperature()
         self._now = 0.0
-        self._power = cfg.idle_power_w  # power since the last state change (the counter integrates it)
+        self._drawn: list[tuple[float, float, float]] = []  # (start, end, W) of the last counter periods
         self._phase = random.Random(f"{seed}|phase").uniform(0.0, cfg.counter_period_s)
         self._cache: dict[tuple, Outcome] = {}
 
@@ -55,9 +57,8 @@ class SimulatedGPU(LockedClock):
         """A cooldown: the GPU idles and cools toward its idle temperature; never sleeps."""
         if seconds <= 0:
             return
-        self._temp = self._relax(self.idle_temperature(), seconds)[0]
-        self._power = self.cfg.idle_power_w
-        self._now += seconds
+        self._temp = self._relax(self.idle_temperature(), seconds)
+        self._advance(seconds, self.cfg.idle_power_w)
 
     # -- physics with the power cap ----------------------------------------------------------------
     def outcome(self, partition: PartitionType | None, slot: str, sms: int, mhz: int,
@@ -82,35 +83,68 @@ class SimulatedGPU(LockedClock):
 
     def steady_power(self, out: Outcome) -> float:
         """Board power of ``out`` run without end, at the temperature it settles to: what the power cap
-        judges. Static power grows with the temperature that the power itself sets, so the two are
-        solved together (linear in the temperature; ``problems`` keeps the loop gain below 1)."""
+        judges."""
         if out.time_s <= 0:
             return 0.0
+        return out.dynamic_j / out.time_s + self._static_w(out, self._settling(out)[0])
+
+    def _settling(self, out: Outcome) -> tuple[float, float]:
+        """(temperature, time constant) that running ``out`` settles toward. Static power grows with
+        the temperature the power itself sets, a loop of gain g = R x static x coefficient (below 1,
+        ``problems``): the two settle together, at a temperature 1/(1 - g) further and a time constant
+        1/(1 - g) longer than without the loop. Linear while static power is above its 0 W floor."""
         c = self.cfg
-        dyn_w = out.dynamic_j / out.time_s
         s = c.static_power_w * out.static_scale
-        gain = c.thermal_r_c_per_w * s * c.static_temp_coeff
-        temp = (c.ambient_c + c.thermal_r_c_per_w * (dyn_w + s * (1.0 - c.static_temp_coeff * c.static_ref_c))) / (1.0 - gain)
-        return dyn_w + self._static_w(out, temp)
+        loop = 1.0 - c.thermal_r_c_per_w * s * c.static_temp_coeff
+        drive = c.ambient_c + c.thermal_r_c_per_w * (out.dynamic_j / out.time_s + s * (1.0 - c.static_temp_coeff * c.static_ref_c))
+        return drive / loop, c.thermal_tau_s / loop
 
     def _static_w(self, out: Outcome, temp_c: float) -> float:
         c = self.cfg
         return c.static_power_w * out.static_scale * max(0.0, 1.0 + c.static_temp_coeff * (temp_c - c.static_ref_c))
 
-    def _relax(self, target: float, seconds: float) -> tuple[float, float]:
-        """(end temperature, mean temperature) after ``seconds`` relaxing toward ``target``."""
-        tau = self.cfg.thermal_tau_s
+    def _heat(self, out: Outcome, seconds: float) -> float:
+        """Run ``out`` back to back for ``seconds``: the temperature follows the power and static power
+        the temperature (solved exactly, so how a stretch is split into calls does not matter). Returns
+        the mean power; every execution heats the GPU, read or not."""
+        if seconds <= 0 or out.time_s <= 0:
+            return self.cfg.idle_power_w
+        settled, tau = self._settling(out)
         decay = math.exp(-seconds / tau)
-        end = target + (self._temp - target) * decay
-        mean = target + (self._temp - target) * tau / seconds * (1.0 - decay)
-        return end, mean
+        mean = settled + (self._temp - settled) * tau / seconds * (1.0 - decay)
+        self._temp = settled + (self._temp - settled) * decay
+        return out.dynamic_j / out.time_s + self._static_w(out, mean)
+
+    def _advance(self, seconds: float, watts: float) -> None:
+        """The GPU draws ``watts`` for ``seconds``: the virtual clock moves on, the energy counter
+        integrates it. What the counter's next reading can reach back to (one period) is kept."""
+        if seconds <= 0:
+            return
+        horizon = self._now - 2 * self.cfg.counter_period_s  # a reading from now on reaches back one period
+        while self._drawn and self._drawn[0][1] < horizon:
+            self._drawn.pop(0)
+        self._drawn.append((self._now, self._now + seconds, watts))
+        self._now += seconds
+
+    def _energy(self, a: float, b: float) -> float:
+        """Energy the board drew in [a, b] (``a`` at most a period before the last advance): the
+        recorded draw, and idle power before the GPU's first record."""
+        first = self._drawn[0][0] if self._drawn else b
+        e = self.cfg.idle_power_w * max(0.0, min(b, first) - a)
+        for s, t, w in self._drawn:
+            e += w * max(0.0, min(b, t) - max(a, s))
+        return e
+
+    def _relax(self, target: float, seconds: float) -> float:
+        """The temperature after ``seconds`` relaxing toward ``target`` (an idle GPU: no loop)."""
+        return target + (self._temp - target) * math.exp(-seconds / self.cfg.thermal_tau_s)
 
     # -- measurements ------------------------------------------------------------------------------
     def run_once(self, partition: PartitionType, candidate: Candidate) -> float:
         self.check_clock(candidate)
-        t = self.outcome(partition, candidate.slot, candidate.sms, self._clock).time_s
-        self._now += t
-        return t
+        out = self.outcome(partition, candidate.slot, candidate.sms, self._clock)
+        self._advance(out.time_s, self._heat(out, out.time_s))
+        return out.time_s
 
     def measure(self, partition: PartitionType, candidate: Candidate, window_s: float) -> Reading:
         self.check_clock(candidate)
@@ -137,34 +171,28 @@ class SimulatedGPU(LockedClock):
         rng = self._noise(key)
         period = c.counter_period_s
         if window_s < period:
-            self._now += max(window_s, 0.0)
+            self._advance(window_s, self._heat(out, window_s))
             return Reading(math.nan, math.nan, self._temp, out.freq_mhz, window_s, 0, False,
                            f"window {window_s:.3g} s is shorter than the energy counter's {period:g} s update period")
+        if out.time_s <= 0:
+            return Reading(math.nan, math.nan, self._temp, out.freq_mhz, 0.0, 0, False,
+                           "nothing to run: the execution takes no time")
         t = out.time_s * (1.0 + c.time_noise * rng.gauss(0.0, 1.0))
         n = max(1, round(window_s / t))
         w = n * t
         if c.fail_rate > 0 and rng.random() < c.fail_rate:
-            self._now += w
+            self._advance(w, self._heat(out, w))
             return Reading(math.nan, math.nan, self._temp, out.freq_mhz, w, n, False, "injected failure (fail_rate)")
-        dyn_w = out.dynamic_j / out.time_s
-        power = dyn_w + self._static_w(out, self._temp)
-        for _ in range(2):  # the temperature follows the power; static power follows the temperature
-            end, mean = self._relax(c.ambient_c + c.thermal_r_c_per_w * power, w)
-            power = dyn_w + self._static_w(out, mean)
-        power *= 1.0 + c.power_noise * rng.gauss(0.0, 1.0)
+        power = self._heat(out, w) * (1.0 + c.power_noise * rng.gauss(0.0, 1.0))
         start = self._now
-        stop = start + w
-        # the counter holds the energy up to its last update; power before the window was self._power
+        self._advance(w, power)
+        # the counter holds the energy up to its last update: a reading spans [u0, u1], not the window
         u0 = self._last_update(start)
-        u1 = self._last_update(stop)
-        self._now = stop
-        self._temp = end
-        previous, self._power = self._power, power
+        u1 = self._last_update(self._now)
         if u1 < start:  # a window of whole executions that came out shorter than the period can miss every update
             return Reading(math.nan, math.nan, self._temp, out.freq_mhz, w, n, False,
                            f"window {w:.3g} s saw no update of the energy counter ({period:g} s period)")
-        counted = power * (u1 - start) + previous * (start - u0)
-        return Reading(w / n, counted / n, self._temp, out.freq_mhz, w, n)
+        return Reading(w / n, self._energy(u0, u1) / n, self._temp, out.freq_mhz, w, n)
 
     def _last_update(self, x: float) -> float:
         p = self.cfg.counter_period_s

@@ -28,7 +28,7 @@ JOURNAL_NAME = "journal.sqlite"
 # measured values (the profiler's protocol). Bumped whenever one of them changes meaning, so that a
 # run resumed after an upgrade never answers a candidate with a number measured for something else.
 # A journal written before revisions were recorded reads as revision 0.
-MEASUREMENT_REVISION = 3
+MEASUREMENT_REVISION = 4
 
 
 class JournalError(RuntimeError):
