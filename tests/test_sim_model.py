@@ -311,3 +311,11 @@ def test_a_comm_beside_a_kernel_on_few_sms_is_slowed_by_that_kernel_s_hbm_load_t
                 overlapped = simulate_partition(cfg, t, slot, sms, 1410).time_s
                 worst = max(worst, overlapped / simulate_partition(cfg, t, SEQUENTIAL, sms, 1410).time_s)
     assert 1.0 < worst < 1.25
+
+
+def test_a_thermal_loop_gain_of_one_or_more_is_refused():
+    """Static power heats the GPU, and heat raises static power: at a loop gain of 1 there is no steady
+    temperature for the power cap to judge."""
+    assert not sim_config().problems()
+    problems = sim_config(thermal_r_c_per_w=0.2, static_temp_coeff=0.06).problems()  # gain 1.02
+    assert any("must be below 1 (thermal runaway)" in p for p in problems)
