@@ -90,12 +90,13 @@ class SimulatedGPU(LockedClock):
 
     def _settling(self, out: Outcome) -> tuple[float, float]:
         """(temperature, time constant) that running ``out`` settles toward. Static power grows with
-        the temperature the power itself sets, a loop of gain g = R x static x coefficient (below 1,
-        ``problems``): the two settle together, at a temperature 1/(1 - g) further and a time constant
-        1/(1 - g) longer than without the loop. Linear while static power is above its 0 W floor."""
+        the temperature the power itself sets, a loop of gain g (``SimConfig.thermal_loop_gain`` at the
+        setting's voltage; below 1, ``problems``): the two settle together, at a temperature 1/(1 - g)
+        further and a time constant 1/(1 - g) longer than without the loop. Linear while static power
+        is above its 0 W floor."""
         c = self.cfg
         s = c.static_power_w * out.static_scale
-        loop = 1.0 - c.thermal_r_c_per_w * s * c.static_temp_coeff
+        loop = 1.0 - c.thermal_loop_gain * out.static_scale
         drive = c.ambient_c + c.thermal_r_c_per_w * (out.dynamic_j / out.time_s + s * (1.0 - c.static_temp_coeff * c.static_ref_c))
         return drive / loop, c.thermal_tau_s / loop
 

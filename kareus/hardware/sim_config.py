@@ -100,11 +100,16 @@ class SimConfig(GPUConfig):
         ))
         if self.v_min > self.v_max:
             out.append(f"hardware.v_min: {self.v_min} exceeds v_max {self.v_max}")
-        gain = self.thermal_r_c_per_w * self.static_power_w * self.static_temp_coeff
-        if gain >= 1:  # each watt of static power heats the GPU into more than a watt more: no steady state
+        if self.thermal_loop_gain >= 1:  # each watt of static power heats the GPU into a watt more: no steady state
             out.append(f"hardware.thermal_r_c_per_w x static_power_w x static_temp_coeff: must be below 1 "
-                       f"(thermal runaway), got {gain:.3g}")
+                       f"(thermal runaway), got {self.thermal_loop_gain:.3g}")
         return out
+
+    @property
+    def thermal_loop_gain(self) -> float:
+        """Watts of static power that one more watt of static power adds through the heat it makes, at
+        full voltage (lower clocks scale it by their static power's voltage factor)."""
+        return self.thermal_r_c_per_w * self.static_power_w * self.static_temp_coeff
 
 
 MAX_NOISE = 0.1  # ten standard deviations from a negative time or power
