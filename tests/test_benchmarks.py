@@ -3,7 +3,9 @@ setting would cost an exhaustive search, how far each clock's lowest-energy corn
 plan-quality comparison against the exhaustive composition."""
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -104,3 +106,38 @@ def test_a_second_reading_that_swaps_a_corner_costs_the_exhaustive_search_its_sh
     again = se.Truth("sim", None, t.space, swapped, 10.0)
     # normalised, the corner (1, 0) becomes (1, 0.01): a strip 0.1 wide and 0.01 high of the front's 0.46
     assert se.remeasured_exhaustive(t, again) == pytest.approx(1 - 0.1 * 0.01 / 0.46)
+
+
+def test_a_model_that_swaps_a_corner_is_rescued_by_a_budget_that_reaches_the_runner_up():
+    """The model ceiling spends the whole budget nearest the model's front: with one pick more than
+    the front it measures the near-tie the model ranked second, and keeps the table's corner."""
+    t = truth({**FRONT, ("b", 4): [(3.0, 1.02)] * 3, ("c", 2): [(9.0, 9.0)] * 3})
+    swapped = np.array([t.table[c][:2] for c in t.space])
+    swapped[2], swapped[3] = (3.0, 1.03), (3.0, 1.0)  # the model reads b/4 as the corner, b/2 behind it
+    # b/4 stands in for b/2: normalised, the corner (1, 0) becomes (1, 0.01), as in the test above
+    assert se.nearest_front(t, swapped, 3) == pytest.approx(1 - 0.1 * 0.01 / 0.46)
+    assert se.nearest_front(t, swapped, 4) == pytest.approx(1.0)  # b/2 is the next nearest
+    exact = np.array([t.table[c][:2] for c in t.space])
+    assert se.nearest_front(t, exact, 3) == pytest.approx(1.0)
+    assert se.nearest_front(t, exact, 1) < se.nearest_front(t, exact, 2) < 1.0  # the budget binds
+
+
+def test_the_model_ceiling_reads_a_second_table_or_one_repeat_per_setting():
+    def keyed(t: se.Truth, key: str, repeats: bool = True) -> se.Truth:
+        return se.Truth(t.workload, SimpleNamespace(key=key), t.space, t.table, 10.0, t.repeats if repeats else None)
+
+    noiseless = keyed(truth({**FRONT, ("b", 4): [(3.2, 1.2)] * 3}), "p")
+    # one of ("b", 4)'s repeats reads (2.9, 0.9): a model drawn with it puts b/4 ahead of the corner b/2
+    lucky = keyed(truth({**FRONT, ("b", 4): [(3.2, 1.2), (3.3, 1.3), (2.9, 0.9)]}), "q")
+    assert se.model_ceiling([noiseless], {}, (0.75, 1.0)) == {"recorded": {"0.75": pytest.approx(1.0),
+                                                                            "1.0": pytest.approx(1.0)}}
+    both = se.model_ceiling([noiseless, lucky], {}, (0.75,), draws=60)["recorded"]["0.75"]  # 3 of 4 settings
+    assert 0.9 < both < 1.0  # the mean over the workload's two partitions, the lucky draws cost the corner
+    assert se.model_ceiling([lucky], {}, (1.0,), draws=60)["recorded"]["1.0"] == pytest.approx(1.0)  # all measured
+    # a simulated table (no repeats) is judged by its second reading alone; without one it is left out
+    sim = keyed(noiseless, "p", repeats=False)
+    again = se.Truth("recorded", sim.partition, sim.space, dict(sim.table), 10.0)
+    b2, b4 = (next(c for c in sim.space if (c.slot, c.sms) == k) for k in (("b", 2), ("b", 4)))
+    again.table[b2], again.table[b4] = (3.2, 1.2, 0.0), (3.0, 1.0, 0.0)
+    assert se.model_ceiling([sim], {}, (0.5,)) == {}
+    assert se.model_ceiling([sim], {("recorded", "p"): again}, (0.75,))["recorded"]["0.75"] < 1.0
