@@ -78,15 +78,33 @@ def test_annotations_events_and_predictions_are_kept():
 
 def test_ablation_two_passes_uses_only_those():
     prob, gpu, log = make(budget=60)
-    cfg = {"seed": 0, "passes": ["total", "dynamic"], "min_per_slot": 0, "final_local": 0.0, **FAST}
+    cfg = {"seed": 0, "passes": ["total", "dynamic"], "shares": {"total": 0.5, "dynamic": 0.5},
+           "min_per_slot": 0, "final_local": 0.0, **FAST}
     SEARCHERS.build("mbo", config=cfg).run(prob)
     used = {n["pass"] for _, notes in log[1:] for n in notes}
     assert used == {"total", "dynamic"}
 
 
+def test_a_handed_over_share_goes_to_the_other_passes_and_the_budget_is_spent():
+    """With a budget past the synthetic frontier, the total pass runs out of predicted improvement and
+    the other passes take its share; chosen alone, it fills its batches after all."""
+    used = {}
+    for hand_over in ([], ["total"]):
+        prob, gpu, log = make(budget=120)
+        cfg = {"seed": 0, "min_per_slot": 0, "final_local": 0.0, "hand_over": hand_over, **FAST}
+        SEARCHERS.build("mbo", config=cfg).run(prob)
+        used[bool(hand_over)] = [n["pass"] for _, notes in log[1:] for n in notes]
+    assert used[True].count("total") < used[False].count("total")
+    prob, gpu, log = make(budget=120)
+    res = SEARCHERS.build("mbo", config={"seed": 0, "passes": ["total"], "min_per_slot": 0, "final_local": 0.0,
+                                         **FAST}).run(prob)
+    assert len(res.measurements) == 120 and {n["pass"] for _, notes in log[1:] for n in notes} == {"total"}
+
+
 def test_ablation_keeps_the_batch_policies_beside_the_chosen_passes():
     prob, gpu, log = make(budget=60)
-    SEARCHERS.build("mbo", config={"seed": 0, "passes": ["total", "dynamic"], **FAST}).run(prob)
+    cfg = {"seed": 0, "passes": ["total", "dynamic"], "shares": {"total": 0.5, "dynamic": 0.5}, **FAST}
+    SEARCHERS.build("mbo", config=cfg).run(prob)
     used = {n["pass"] for _, notes in log[1:] for n in notes}
     assert {"total", "dynamic"} <= used <= {"total", "dynamic", "coverage", "local"}
     assert log[-1][1][0]["pass"] == "local"  # the last batch exploits around the measured frontier first

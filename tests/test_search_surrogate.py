@@ -135,3 +135,20 @@ def test_per_clock_pass_scores_against_the_front_of_the_candidates_own_clock():
     picks = dynamic.select(clock_context(["dynamic"], greedy=True), 2, free)
     assert [p for p, _ in picks] == [0, 1] and picks[1][1] > 0
     assert config_problems(MBOConfig(per_clock=[PassName.uncertainty]))[0].startswith("search.per_clock")
+
+
+def test_a_hand_over_pass_stops_where_nothing_is_predicted_to_improve():
+    """Against the whole front only candidate 1 improves (clock_context): a pass in ``hand_over``
+    returns it alone, greedy or not, and leaves the batch's rest to the other passes; a pass not
+    named there fills its share with the candidates nearest the front."""
+    free = np.ones(3, dtype=bool)
+    total = ACQUISITIONS.build("total")
+    for greedy in (False, True):
+        ctx = clock_context([], greedy=greedy)
+        assert [p for p, _ in total.select(ctx, 3, free)][0] == 1 and len(total.select(ctx, 3, free)) == 3
+        ctx.hand_over = frozenset(["total"])
+        assert [p for p, _ in total.select(ctx, 3, free)] == [1]
+        assert total.select(ctx, 3, free & (np.arange(3) != 1)) == []
+        assert [p for p, _ in ACQUISITIONS.build("dynamic").select(ctx, 3, free)][0] == 1  # not named: fills
+    assert config_problems(MBOConfig(hand_over=[PassName.uncertainty]))[0].startswith("search.hand_over")
+    assert config_problems(MBOConfig(hand_over=[]))[:1] == []

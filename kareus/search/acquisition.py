@@ -4,8 +4,8 @@ HVI passes score the predicted (time, objective) point of every candidate by its
 improvement over the measured (time, objective) frontier, in objectives scaled by the observed
 ranges. ``greedy`` passes add each pick to the front as predicted before scoring the next, so a batch
 spreads along the frontier instead of piling onto one knee. Candidates with no predicted improvement
-are ranked by how far they are from becoming non-dominated (additive epsilon), so a pass always
-returns its share.
+are ranked by how far they are from becoming non-dominated (additive epsilon), so a pass returns its
+share, unless it is named in ``hand_over``: then it stops there and the other passes fill the batch.
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ class Context:
     ref_factor: float | None = None  # if set: ref = factor x observed maxima (raw units), as the artifact does
     expected: frozenset[str] = frozenset()  # HVI passes that score the mean HVI over ensemble members (Monte-Carlo EHVI)
     per_clock: frozenset[str] = frozenset()  # HVI passes scored against the measured front at the candidate's clock
+    hand_over: frozenset[str] = frozenset()  # HVI passes that stop picking once no candidate is predicted to improve
     clock_of: np.ndarray | None = None  # pool: clock of each candidate (needed by per_clock passes)
     measured_clock: np.ndarray | None = None  # clock of each measured point, aligned with ``measured``
     sparse: np.ndarray | None = None  # pool mask: the candidate's slot has too few measurements
@@ -129,9 +130,10 @@ class HVIPass:
             return np.mean([improvement(m, fr, fr_clk) for m in members], axis=0)
 
         free = free.copy()
+        hand_over = self.name in ctx.hand_over
         if not ctx.greedy:
             h = score(front, fclk)
-            picks = _rank_pick(h, _by_clock(_epsilon, cand, cclk, front, fclk), k, free)
+            picks = _rank_pick(h, _by_clock(_epsilon, cand, cclk, front, fclk), k, free & (h > 0) if hand_over else free)
             return [(p, float(h[p])) for p in picks]
         out: list[tuple[int, float]] = []
         if not per_clock:
@@ -141,6 +143,8 @@ class HVIPass:
             h[~free] = -1.0
             if h.max() > 0:
                 p = int(np.argmax(h))
+            elif hand_over:  # nothing left to exploit: the batch's rest goes to the other passes
+                break
             else:
                 eps = _by_clock(_epsilon, cand, cclk, front, fclk)
                 eps[~free] = np.inf

@@ -9,7 +9,10 @@ mean being the surrogate's centre (exploitation); the passes named in
 EHVI), which pulls in candidates that only some members put on the frontier (exploration). The
 passes named in ``search.per_clock`` (default: dynamic) score each candidate against the measured
 front at its own clock: the microbatch composer adds the partitions' (time, dynamic energy) options
-clock by clock, so each clock's front is what it combines, not the global one. The
+clock by clock, so each clock's front is what it combines, not the global one. The passes named
+in ``search.hand_over`` (default: total) stop once no candidate is predicted to improve the
+measured front (as the batch's picks extend it) and hand the rest of their share to the other
+passes: a tight budget goes to the predicted frontier, a loose one explores too. The
 surrogate's ridge baseline picks its basis per fit by leave-one-out error: main effects while a
 handful of points are measured, slot interactions once the data carries them.
 
@@ -24,6 +27,7 @@ Two batch policies sit beside the chosen passes (``search.passes`` stays the abl
 from __future__ import annotations
 
 import inspect
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -144,7 +148,8 @@ def near_front(run: SearchRun, grid: np.ndarray, pool: np.ndarray) -> np.ndarray
 
 def fill_batch(ctx: Context, plan: list[tuple[str, int]], k: int) -> tuple[list[int], list[str]]:
     """Run the passes for their counts; if some return fewer, the passes that still had picks to give
-    fill the rest in turn (a pass that ran dry, e.g. ``local`` with no neighbours left, is skipped)."""
+    fill the rest in turn (a pass that ran dry, e.g. ``local`` with no neighbours left, or one in
+    ``hand_over`` with nothing predicted to improve, is skipped while another can pick)."""
     free = np.ones(len(ctx.pool), dtype=bool)
     picks: list[int] = []
     names: list[str] = []
@@ -166,6 +171,9 @@ def fill_batch(ctx: Context, plan: list[tuple[str, int]], k: int) -> tuple[list[
                 dry.add(name)
         short = k - len(picks)
         live = [n for n, _ in plan if n not in dry]
+        if not live and ctx.hand_over:  # no other pass takes the picks handed over: their passes fill the rest
+            live = [n for n, _ in plan if n in ctx.hand_over]
+            ctx = replace(ctx, hand_over=frozenset())
         if short <= 0 or not free.any() or not live:
             break
         queue = [(live[i % len(live)], 1) for i in range(short)]
@@ -197,6 +205,7 @@ class MBOSearcher:
             ctx = Context(pool, samples, measured, kappa=cfg.kappa, greedy=cfg.greedy, ref_margin=cfg.ref_margin,
                           expected=frozenset(PassName(p).value for p in cfg.expected),
                           per_clock=frozenset(PassName(p).value for p in cfg.per_clock),
+                          hand_over=frozenset(PassName(p).value for p in cfg.hand_over),
                           clock_of=grid[pool, 2], measured_clock=grid[run.ok(), 2],
                           near=near_front(run, grid, pool), slot_of=grid[pool, 0],
                           sparse=counts[grid[pool, 0]] < cfg.min_per_slot, rng=rng)
