@@ -13,7 +13,10 @@ points found, the same ratio for the (time, dynamic energy) front (the one the m
 combines), and per partition and clock how far the lowest-energy setting leads the next (with the
 repeat spread, on the recorded table): the corners where a near-tie decides the score. On the
 recorded table, also the ratio an exhaustive search keeps when it picks its front from one repeat per
-setting: the resolution of that table's ratios.
+setting: the resolution of that table's ratios. Per budget, the ceiling of a searcher whose model were
+a second reading of every setting (another noise seed; one repeat on the recorded table) and which
+measures the budget's worth nearest that model's front (``model_ceiling``): what a better surrogate
+could still gain.
 summary[searcher][budget_frac] averages each workload over its partitions and seeds, then the
 workloads with equal weight: the two simulated ones and the recorded table, a third each.
 
