@@ -136,6 +136,14 @@ def test_pass_shares_fill_the_batch_and_renormalise():
     assert set(plan) == {"total", "dynamic"} and sum(plan.values()) == 7 and plan["total"] >= plan["dynamic"]
 
 
+def test_default_shares_leave_small_batches_to_the_total_pass():
+    """As documented: up to 6 profiles go to total alone; dynamic gets one from 7, static from 17,
+    uncertainty from 25."""
+    others = {k: [n for name, n in pass_shares(MBOConfig(), k) if name != "total"] for k in (6, 7, 16, 17, 24, 25, 32)}
+    assert others == {6: [0, 0, 0], 7: [1, 0, 0], 16: [1, 0, 0], 17: [1, 1, 0], 24: [1, 1, 0], 25: [1, 1, 1],
+                      32: [1, 1, 1]}
+
+
 def test_config_problems():
     msgs = config_problems(MBOConfig(budget=0, budget_frac=1.5, batch_size=0, shares={"total": -1.0, "bogus": 1.0}))
     text = "\n".join(msgs)
