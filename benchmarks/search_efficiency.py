@@ -13,7 +13,7 @@ points found, the same ratio for the (time, dynamic energy) front (the one the m
 combines), and per partition and clock how far the lowest-energy setting leads the next (with the
 repeat spread, on the recorded table): the corners where a near-tie decides the score. On the
 recorded table, also the ratio an exhaustive search keeps when it picks its front from one repeat per
-setting: the resolution of that table's ratios. Per budget, the ceiling of a searcher whose model were
+setting (how much of the front one reading tells apart). Per budget, the ceiling of a searcher whose model were
 a second reading of every setting (another noise seed; one repeat on the recorded table) and which
 measures the budget's worth nearest that model's front (``model_ceiling``): what a better surrogate
 could still gain.
@@ -211,8 +211,10 @@ def corner_noise(truth: Truth) -> list[dict]:
 
 def single_repeat_exhaustive(truth: Truth, draws: int = 200, seed: int = 0) -> dict | None:
     """Recorded tables: the hypervolume ratio an exhaustive search keeps when it picks its front from
-    one repeat per setting (drawn at random) instead of the median of three, scored at the medians.
-    What the real table's ratios can resolve: a searcher's gap to 1 below this one's is measurement noise."""
+    one repeat per setting (drawn at random) instead of the median of three, scored at the medians:
+    how much of the front one reading tells apart. It measures only the front it sees; a searcher that
+    measures more keeps what noise put on the table's front too, and can score above it
+    (``nearest_front`` is that searcher's reference)."""
     if not truth.repeats:
         return None
     ideal, nadir, front = truth.frame()
@@ -231,8 +233,8 @@ def single_repeat_exhaustive(truth: Truth, draws: int = 200, seed: int = 0) -> d
 
 def remeasured_exhaustive(truth: Truth, again: Truth) -> float:
     """Simulated tables: the hypervolume ratio an exhaustive search keeps when it picks its front from
-    a second reading of every setting (another noise seed), scored at the table's. What the simulated
-    ratios can resolve, as ``single_repeat_exhaustive`` for the recorded table."""
+    a second reading of every setting (another noise seed), scored at the table's: as
+    ``single_repeat_exhaustive`` for the recorded table, not a bound on a searcher's ratio."""
     ideal, nadir, front = truth.frame()
     second = np.array([again.table[c][:2] for c in truth.space])
     picked = np.array([truth.table[c][:2] for c in truth.space])[pareto_mask(second[:, 0], second[:, 1])]
@@ -503,8 +505,8 @@ def main(argv: list[str] | None = None) -> dict:
         "igd_plus": summarise(rows, "igd_plus"),
         "pareto_share": summarise(rows, "pareto_share"),
         "by_workload": by_workload(rows, "hv_ratio"),
-        # an exhaustive search's ratio when it picks its front from a second reading: what the
-        # simulated ratios can resolve (the recorded table's: partitions[].single_repeat_exhaustive)
+        # an exhaustive search's ratio when it picks its front from a second reading (the recorded
+        # table's: partitions[].single_repeat_exhaustive); it measures only the front it sees
         "resolution_simulated": resolution(truths, second),
         # a searcher whose surrogate were another reading of every setting, measuring the budget's worth
         # nearest that reading's front: what a better surrogate could still gain, per budget
