@@ -209,6 +209,20 @@ def corner_noise(truth: Truth) -> list[dict]:
     return out
 
 
+def kept(truth: Truth, points) -> float:
+    """The hypervolume ratio of the front of ``points`` (the table's readings of some settings) to the
+    whole table's, in the frame the searchers are scored in."""
+    ideal, nadir, front = truth.frame()
+    return (hypervolume(normalise(nondominated(points), ideal, nadir), REF)
+            / hypervolume(normalise(front, ideal, nadir), REF))
+
+
+def one_repeat_each(truth: Truth, rng: np.random.Generator) -> np.ndarray:
+    """A recorded table's (time, energy) with one repeat per setting drawn at random, in space order."""
+    reads = np.array([truth.repeats[c] for c in truth.space])  # (candidates, repeats, 2)
+    return reads[np.arange(len(reads)), rng.integers(reads.shape[1], size=len(reads))]
+
+
 def single_repeat_exhaustive(truth: Truth, draws: int = 200, seed: int = 0) -> dict | None:
     """Recorded tables: the hypervolume ratio an exhaustive search keeps when it picks its front from
     one repeat per setting (drawn at random) instead of the median of three, scored at the medians:
@@ -217,16 +231,12 @@ def single_repeat_exhaustive(truth: Truth, draws: int = 200, seed: int = 0) -> d
     (``nearest_front`` is that searcher's reference)."""
     if not truth.repeats:
         return None
-    ideal, nadir, front = truth.frame()
-    base = hypervolume(normalise(front, ideal, nadir), REF)
     medians = np.array([truth.table[c][:2] for c in truth.space])
-    reads = np.array([truth.repeats[c] for c in truth.space])  # (candidates, repeats, 2)
     rng = np.random.default_rng(seed)
     ratios = []
     for _ in range(draws):
-        one = reads[np.arange(len(reads)), rng.integers(reads.shape[1], size=len(reads))]
-        picked = medians[pareto_mask(one[:, 0], one[:, 1])]
-        ratios.append(hypervolume(normalise(nondominated(picked), ideal, nadir), REF) / base)
+        one = one_repeat_each(truth, rng)
+        ratios.append(kept(truth, medians[pareto_mask(one[:, 0], one[:, 1])]))
     return {"draws": draws, "mean": float(np.mean(ratios)), "p10": float(np.percentile(ratios, 10)),
             "min": float(np.min(ratios))}
 
@@ -235,29 +245,27 @@ def remeasured_exhaustive(truth: Truth, again: Truth) -> float:
     """Simulated tables: the hypervolume ratio an exhaustive search keeps when it picks its front from
     a second reading of every setting (another noise seed), scored at the table's: as
     ``single_repeat_exhaustive`` for the recorded table, not a bound on a searcher's ratio."""
-    ideal, nadir, front = truth.frame()
     second = np.array([again.table[c][:2] for c in truth.space])
-    picked = np.array([truth.table[c][:2] for c in truth.space])[pareto_mask(second[:, 0], second[:, 1])]
-    return hypervolume(normalise(nondominated(picked), ideal, nadir), REF) / hypervolume(normalise(front, ideal, nadir), REF)
+    return kept(truth, np.array([truth.table[c][:2] for c in truth.space])[pareto_mask(second[:, 0], second[:, 1])])
 
 
 def nearest_front(truth: Truth, model: np.ndarray, budget: int) -> float:
-    """The hypervolume ratio of a searcher whose surrogate were exact up to the table's noise: its
-    model is ``model`` (each setting's (time, energy) read another time, in space order) and it
+    """The hypervolume ratio of a searcher whose model is ``model`` (each setting's (time, energy)
+    read another time, in space order; as good a model as one more reading) and which
     measures the ``budget`` settings nearest that model's front (additive epsilon in the normalised
     frame; ties on the front by their exclusive hypervolume there), scored at the table's readings.
     Unlike the exhaustive resolutions it spends the whole budget, so it keeps the settings that
     noise put on the table's front beside the model's: what a better surrogate could still gain."""
-    ideal, nadir, front = truth.frame()
+    ideal, nadir, _front = truth.frame()
     m = normalise(model, ideal, nadir)
     mf = nondominated(m)
     eps = np.min(np.max(m[:, None, :] - mf[None, :, :], axis=2), axis=1)
     own = np.zeros(len(m))
+    whole = hypervolume(mf, REF)
     for i in np.flatnonzero(eps <= 0):  # what the model front loses without the point
-        own[i] = hypervolume(mf, REF) - hypervolume(mf[np.any(mf != m[i], axis=1)], REF)
+        own[i] = whole - hypervolume(mf[np.any(mf != m[i], axis=1)], REF)
     picked = np.lexsort((-own, eps))[:budget]
-    table = np.array([truth.table[c][:2] for c in truth.space])
-    return hypervolume(normalise(nondominated(table[picked]), ideal, nadir), REF) / hypervolume(normalise(front, ideal, nadir), REF)
+    return kept(truth, np.array([truth.table[c][:2] for c in truth.space])[picked])
 
 
 def model_ceiling(truths: list[Truth], seconds: dict[tuple[str, str], Truth], budgets: tuple[float, ...],
@@ -271,8 +279,7 @@ def model_ceiling(truths: list[Truth], seconds: dict[tuple[str, str], Truth], bu
         if again is not None:
             models = [np.array([again.table[c][:2] for c in t.space])]
         elif t.repeats:
-            reads = np.array([t.repeats[c] for c in t.space])
-            models = [reads[np.arange(len(reads)), rng.integers(reads.shape[1], size=len(reads))] for _ in range(draws)]
+            models = [one_repeat_each(t, rng) for _ in range(draws)]
         else:
             continue
         for frac in budgets:
@@ -511,7 +518,8 @@ def main(argv: list[str] | None = None) -> dict:
         # a searcher whose surrogate were another reading of every setting, measuring the budget's worth
         # nearest that reading's front: what a better surrogate could still gain, per budget
         "model_ceiling": ceiling,
-        "model_ceiling_summary": {f: float(np.mean([c[f] for c in ceiling.values()])) for f in map(str, budgets)},
+        "model_ceiling_summary": {f: float(np.mean([c[f] for c in ceiling.values()])) for f in map(str, budgets)
+                                  if ceiling},
         "seeds": seeds, "budgets": [str(b) for b in budgets],
         # qnehvi runs on seeds 0..qnehvi_seeds-1 alone: compare it on those (runs[]), not in summary
         "qnehvi_seeds": args.qnehvi_seeds if any(r["searcher"] == "qnehvi" for r in rows) else None,
