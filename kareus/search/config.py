@@ -84,7 +84,7 @@ class SurrogateConfig:
     basis: RidgeBasis = RidgeBasis.auto  # a handful of points cannot carry the interaction terms, hundreds can
     clip_margin: float = 0.25  # member predictions stay within the observed (log) range widened by this share
     center: Centre = Centre.gp  # what the members are shifted onto: the bootstrap gives the spread, not the mean
-    gp_min_points: int = 20  # center=gp: below this many successful measurements the GP's hyperparameters are guesses
+    gp_min_points: int = 10  # center=gp: below this many successful measurements the GP's hyperparameters are guesses
 
 
 @dataclass
