@@ -51,6 +51,20 @@ def test_resumes_chain_each_run_dir_holds_its_whole_journal(first):
         (cwd / "runs" / "b" / "search_summary.json").read_text()
 
 
+def test_a_resume_with_another_microbatch_count_recomposes_without_measuring(first):
+    """parallel.num_microbatches only shapes composition: the resume answers every candidate from the
+    copied journal and its plans cover the new count."""
+    cwd = first.parents[1]
+    rows = _rows(first)
+    res = kareus(cwd, *TINY, "parallel.num_microbatches=5", "resume=runs/a", "hydra.run.dir=runs/m5",
+                 "tracking.enabled=false", timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert _rows(cwd / "runs" / "m5") == rows
+    assert (cwd / "runs" / "m5" / "search_summary.json").read_text() == (first / "search_summary.json").read_text()
+    assert "num_microbatches: 5" in (cwd / "runs" / "m5" / "plan_selected.yaml").read_text()
+    assert "num_microbatches: 2" in (first / "plan_selected.yaml").read_text()
+
+
 def _broken(folder: Path) -> Path:
     folder.mkdir()
     (folder / "journal.sqlite").write_text("not a database")

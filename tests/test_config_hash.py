@@ -12,6 +12,17 @@ def test_a_clock_switch_price_is_not_part_of_the_journal_hash():
     assert config_hash(compose_config("+model=tiny", "parallel=pp2_tp2", "plan.deadline_s=1")) == base
 
 
+def test_the_microbatch_count_and_schedule_are_not_part_of_the_journal_hash():
+    """They decide how the partitions' frontiers compose into an iteration, not what a partition
+    measures, so a resume may re-compose the same measurements for another count; the shape of a
+    microbatch (its size, the nanobatches it splits into) still changes what is measured."""
+    base = config_hash(compose_config("+model=tiny", "parallel=pp2_tp2"))
+    for same in ("parallel.num_microbatches=16", "parallel.schedule=1f1b"):
+        assert config_hash(compose_config("+model=tiny", "parallel=pp2_tp2", same)) == base, same
+    for other in ("parallel.micro_batch_size=2", "parallel.nanobatches=1", "parallel.seq_len=1024"):
+        assert config_hash(compose_config("+model=tiny", "parallel=pp2_tp2", other)) != base, other
+
+
 def test_measured_differences_name_what_a_resume_changed_and_nothing_else():
     from kareus.config.hashing import measured_differences
 

@@ -9,8 +9,9 @@ from typing import Any
 # Sections that change what is measured or which candidates are chosen. Display, tracking, the
 # launcher and the later composition/plan stages may change freely between a run and its resume.
 MEASURED_SECTIONS = ("model", "parallel", "hardware", "partitioner", "profiler", "search", "seed")
-# keys of those sections that only price plans (composition), not measurements
-UNMEASURED_KEYS = {"hardware": ("clock_switch_s",)}
+# keys of those sections that only shape composition (the clock-switch price, how many microbatches an
+# iteration runs and in which order): a resume may change them and re-compose from the same measurements
+UNMEASURED_KEYS = {"hardware": ("clock_switch_s",), "parallel": ("num_microbatches", "schedule")}
 
 
 def stable_hash(obj: Any) -> str:
