@@ -65,21 +65,23 @@ def test_annotations_events_and_predictions_are_kept():
     res = SEARCHERS.build("mbo", config={"seed": 1, **FAST}).run(prob)
     first_batch, first_notes = log[0]
     assert all(n["pass"] == "initial" for n in first_notes)
-    later = [n for _, notes in log[1:] for n in notes]
+    assert log[1][1] and all(n == {"pass": "corner"} for n in log[1][1])  # measured, not predicted
+    later = [n for _, notes in log[2:] for n in notes]
     assert later and all(n["pass"] in {"total", "dynamic", "static", "uncertainty", "coverage", "local"} for n in later)
     assert all(set(n["predicted"]) >= {"time_s", "energy_j", "dynamic_energy_j"} for n in later)
     batches = [e for e in events if isinstance(e, BatchFinished)]
     assert len(batches) == len(log) and batches[-1].profiled == 60
     assert all(b.hypervolume > 0 for b in batches)
     assert batches[-1].hypervolume >= batches[0].hypervolume
-    assert batches[1].predicted_gain is not None and batches[1].predictions
+    assert batches[1].predicted_gain is None and not batches[1].predictions  # the corners
+    assert batches[2].predicted_gain is not None and batches[2].predictions
     assert len(res.predictions) == len(batches)
 
 
 def test_ablation_two_passes_uses_only_those():
     prob, gpu, log = make(budget=60)
     cfg = {"seed": 0, "passes": ["total", "dynamic"], "shares": {"total": 0.5, "dynamic": 0.5},
-           "min_per_slot": 0, "final_local": 0.0, **FAST}
+           "min_per_slot": 0, "final_local": 0.0, "corners": False, **FAST}
     SEARCHERS.build("mbo", config=cfg).run(prob)
     used = {n["pass"] for _, notes in log[1:] for n in notes}
     assert used == {"total", "dynamic"}
@@ -91,13 +93,13 @@ def test_a_handed_over_share_goes_to_the_other_passes_and_the_budget_is_spent():
     used = {}
     for hand_over in ([], ["total"]):
         prob, gpu, log = make(budget=120)
-        cfg = {"seed": 0, "min_per_slot": 0, "final_local": 0.0, "hand_over": hand_over, **FAST}
+        cfg = {"seed": 0, "min_per_slot": 0, "final_local": 0.0, "corners": False, "hand_over": hand_over, **FAST}
         SEARCHERS.build("mbo", config=cfg).run(prob)
         used[bool(hand_over)] = [n["pass"] for _, notes in log[1:] for n in notes]
     assert used[True].count("total") < used[False].count("total")
     prob, gpu, log = make(budget=120)
     res = SEARCHERS.build("mbo", config={"seed": 0, "passes": ["total"], "min_per_slot": 0, "final_local": 0.0,
-                                         **FAST}).run(prob)
+                                         "corners": False, **FAST}).run(prob)
     assert len(res.measurements) == 120 and {n["pass"] for _, notes in log[1:] for n in notes} == {"total"}
 
 
@@ -106,7 +108,7 @@ def test_ablation_keeps_the_batch_policies_beside_the_chosen_passes():
     cfg = {"seed": 0, "passes": ["total", "dynamic"], "shares": {"total": 0.5, "dynamic": 0.5}, **FAST}
     SEARCHERS.build("mbo", config=cfg).run(prob)
     used = {n["pass"] for _, notes in log[1:] for n in notes}
-    assert {"total", "dynamic"} <= used <= {"total", "dynamic", "coverage", "local"}
+    assert {"total", "dynamic"} <= used <= {"total", "dynamic", "corner", "coverage", "local"}
     assert log[-1][1][0]["pass"] == "local"  # the last batch exploits around the measured frontier first
 
 
@@ -124,6 +126,32 @@ def test_coverage_gives_an_unmeasured_slot_guided_looks_and_can_be_switched_off(
     prob, gpu, log = make(budget=40, initial=init)
     SEARCHERS.build("mbo", config={"seed": 0, "min_per_slot": 0, **FAST}).run(prob)
     assert not any(n["pass"] == "coverage" for _, notes in log for n in notes)
+
+
+def test_corners_measure_each_slots_largest_sm_count_at_the_top_clock_after_the_initial_design():
+    """One batch of them, right after the initial design, leaving out what the design measured; off
+    with corners=false, and skipped when too few profiles would be left for the guided batches."""
+    from kareus.search.mbo import CORNER_GUIDED
+
+    prob, gpu, log = make(budget=40)
+    SEARCHERS.build("mbo", config={"seed": 0, **FAST}).run(prob)
+    space, design = prob.space, log[0][0]
+    top = max(c.freq_mhz for c in space)
+    want = {max((c for c in space if c.slot == s and c.freq_mhz == top), key=lambda c: c.sms)
+            for s in {c.slot for c in space}}
+    assert len(want) == len({c.slot for c in space}) > 1
+    assert set(log[1][0]) == want - set(log[0][0]) and all(n["pass"] == "corner" for n in log[1][1])
+    assert not any(n["pass"] == "corner" for _, notes in log[2:] for n in notes)
+
+    prob, gpu, log = make(budget=40)
+    SEARCHERS.build("mbo", config={"seed": 0, "corners": False, **FAST}).run(prob)
+    assert not any(n["pass"] == "corner" for _, notes in log for n in notes)
+
+    for spare, taken in ((CORNER_GUIDED - 1, False), (CORNER_GUIDED, True)):
+        prob, gpu, log = make(budget=len(design) + len(want - set(design)) + spare, initial=design)
+        res = SEARCHERS.build("mbo", config={"seed": 0, **FAST}).run(prob)
+        assert any(n["pass"] == "corner" for _, notes in log for n in notes) == taken
+        assert len(res.measurements) == prob.budget
 
 
 def test_coverage_pass_takes_one_best_candidate_per_sparse_slot():
@@ -183,7 +211,8 @@ def test_stop_rule_ends_early_when_predicted_gain_is_small():
     res = SEARCHERS.build("mbo", config={"seed": 0, "stop_gain": 0.5, **FAST}).run(prob)
     assert len(res.measurements) < 400
     # the batch the rule declined is not recorded: every kept prediction belongs to a measured pick
-    assert sum(len(p) for p in res.predictions) == len(res.measurements) - len(log[0][0])
+    assert log[1][1][0]["pass"] == "corner"
+    assert sum(len(p) for p in res.predictions) == len(res.measurements) - len(log[0][0]) - len(log[1][0])
 
 
 def test_mbo_finds_most_of_the_frontier_with_15_percent_and_beats_random():

@@ -106,6 +106,7 @@ class MBOConfig(SearcherConfig):
     min_per_slot: int = 3  # slots with fewer measurements get one guided pick per batch (0: off)
     coverage_share: float = 0.34  # at most this share of a batch goes to such picks
     final_local: float = 1.0  # share of the last batch for the local pass (neighbours of measured Pareto points)
+    corners: bool = True  # after the initial design: each launch slot's largest SM count at the top clock
     # passes that score the mean HVI over the ensemble members (Monte-Carlo EHVI: explores where some
     # members see a frontier point) instead of the HVI of the mean prediction (exploits)
     expected: list[PassName] = field(default_factory=lambda: [PassName.dynamic, PassName.static])

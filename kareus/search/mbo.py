@@ -20,6 +20,11 @@ Two batch policies sit beside the chosen passes (``search.passes`` stays the abl
 - coverage (``min_per_slot``): a launch slot with fewer than that many measurements gets one guided
   pick per batch (its best predicted HVI), capped at ``coverage_share`` of the batch; a slot the
   initial design touched once is otherwise judged by a single, possibly unlucky, point;
+- corners (``corners``): right after the initial design, each launch slot's largest comm-SM setting at
+  the top clock, unless measured. A compute kernel beside the comm loses SMs in whole waves, so its
+  time and energy step at SM counts no smooth model foresees, and a Latin hypercube of a handful of
+  points leaves most slots' upper SM range, where the fastest settings lie, unbracketed. Skipped when
+  fewer than ``CORNER_GUIDED`` profiles would remain for the guided batches;
 - final exploitation (``final_local``): the last batch first measures the best predicted grid
   neighbours (same slot, one SM or clock step) of the measured Pareto points, where measurement
   noise and smooth clock/SM responses put the remaining frontier points.
@@ -54,6 +59,26 @@ def start(run: SearchRun, cfg: Any, label: str = "initial") -> None:
 
 
 MIN_FIT_POINTS = 3  # successful measurements a surrogate needs before it guides a batch
+CORNER_GUIDED = 4  # profiles that must remain for the guided batches after the corners
+
+
+def corners(run: SearchRun) -> list[int]:
+    """Each slot's largest SM count at the space's top clock, in space order, not yet measured."""
+    top = max(c.freq_mhz for c in run.space)
+    best: dict[str, int] = {}
+    for i, c in enumerate(run.space):
+        if c.freq_mhz == top and (c.slot not in best or c.sms > run.space[best[c.slot]].sms):
+            best[c.slot] = i
+    done = set(run.order)
+    return [i for i in best.values() if i not in done]
+
+
+def measure_corners(run: SearchRun) -> None:
+    """Measure ``corners`` as a batch of their own while ``CORNER_GUIDED`` profiles remain after them."""
+    todo = corners(run)
+    if todo and run.remaining - len(todo) >= CORNER_GUIDED:
+        run.evaluate(todo, [{"pass": "corner"} for _ in todo])
+        run.finish_batch()
 
 
 def widened_at_random(run: SearchRun, pool: np.ndarray, k: int, rng: np.random.Generator) -> bool:
@@ -193,6 +218,8 @@ class MBOSearcher:
         run = SearchRun(problem)
         rng = np.random.default_rng(problem.seed)
         start(run, cfg)
+        if cfg.corners:
+            measure_corners(run)
         batch = round_batch(cfg, run.remaining)
         grid = grid_ranks(run)
         for pool, k in run.batch_pools(batch):
