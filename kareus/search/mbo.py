@@ -16,13 +16,13 @@ passes: a tight budget goes to the predicted frontier, a loose one explores too.
 surrogate's ridge baseline picks its basis per fit by leave-one-out error: main effects while a
 handful of points are measured, slot interactions once the data carries them.
 
-Two batch policies sit beside the chosen passes (``search.passes`` stays the ablation knob):
+Three batch policies sit beside the chosen passes (``search.passes`` stays the ablation knob):
 - coverage (``min_per_slot``): a launch slot with fewer than that many measurements gets one guided
   pick per batch (its best predicted HVI), capped at ``coverage_share`` of the batch; a slot the
   initial design touched once is otherwise judged by a single, possibly unlucky, point;
 - corners (``corners``): right after the initial design, each launch slot's largest comm-SM setting at
   the top clock, unless measured. A compute kernel beside the comm loses SMs in whole waves, so its
-  time and energy step at SM counts no smooth model foresees, and a Latin hypercube of a handful of
+  time and energy can step at SM counts no smooth model foresees, and a Latin hypercube of a handful of
   points leaves most slots' upper SM range, where the fastest settings lie, unbracketed. Skipped when
   fewer than ``CORNER_GUIDED`` profiles would remain for the guided batches;
 - final exploitation (``final_local``): the last batch first measures the best predicted grid
