@@ -225,6 +225,25 @@ def test_a_bare_value_for_a_list_in_a_users_yaml_is_told_in_yaml(tmp_path):
     assert got.endswith("(in experiment/mine)"), got
 
 
+@pytest.mark.parametrize("group, body, args, lines", [
+    ("model", "name: mine\nnum_layers: 4\ntied_embeddings: {a}\n", ["+model=mine"],
+     ["model.tied_embeddings: '2' is not a bool; allowed: true, false (in model/mine)"]),
+    ("experiment", "# @package _global_\nsearch:\n  greedy: {b}\nparallel:\n  sequence_parallel: {c}\n",
+     ["+model=tiny", "+experiment=[full,mine]"],
+     ["search.greedy: '0' is not a bool; allowed: true, false (in experiment/mine)",
+      "parallel.sequence_parallel: '1' is not a bool; allowed: true, false (in experiment/mine)"]),
+    ("search", "defaults:\n  - /schema/search/mbo@_here_\n  - _self_\nname: mbo\ncorners: {d}\n",
+     ["+model=tiny", "search=mine"], ["search.corners: '3' is not a bool; allowed: true, false (in search/mine)"]),
+])
+def test_a_number_at_a_switch_in_a_users_yaml_is_refused_as_on_the_command_line(tmp_path, group, body, args, lines):
+    """OmegaConf reads ``tied_embeddings: 2`` as true, as it does ``search.greedy=2`` typed."""
+    (tmp_path / group).mkdir()
+    (tmp_path / group / "mine.yaml").write_text(body.format(a=2, b=0, c="'1'", d=3))
+    assert override_problems(["--config-dir", str(tmp_path), *args]) == lines
+    (tmp_path / group / "mine.yaml").write_text(body.format(a="true", b="false", c="true", d="true"))
+    assert override_problems(["--config-dir", str(tmp_path), *args]) == []
+
+
 @pytest.mark.parametrize("args, first", [
     (["--config-dir", "no_such_conf", "+model=qwen1.7b"], "error: --config-dir: "),
     (["+model=qwen1.7b", "search=null"], "error: search=null: a config group needs an option"),

@@ -224,7 +224,7 @@ def _compose(overrides: list[str], hydra: bool = True) -> tuple[Any, list[str]]:
     except Exception as err:  # a user's YAML that does not parse; a value Hydra's merge trips over
         return None, [_unreadable(err) or _group_given_a_value(overrides)
                       or f"config: the overrides do not compose ({type(err).__name__}: {_first_line(str(err))})"]
-    problems = _numbers_as_bools(cfg, overrides)
+    problems = _numbers_as_bools(cfg, overrides) + _numbers_as_bools_in_user_files(cfg, overrides)
     return (None, problems) if problems else (cfg, [])
 
 
@@ -253,6 +253,50 @@ def _number_bool_problems(cfg: Any, key: str, value: Any) -> list[str]:
     node = OmegaConf.select(cfg, parent) if parent else cfg
     child = node._get_node(leaf) if OmegaConf.is_dict(node) and leaf in node else None
     return [f"{key}: '{value}' is not a bool; allowed: true, false"] if isinstance(child, BooleanNode) else []
+
+
+def _numbers_as_bools_in_user_files(cfg: Any, overrides: list[str]) -> list[str]:
+    """The same silent flip from a user's option file (``--config-dir``): ``sequence_parallel: 2`` in
+    ``my_conf/parallel/mine.yaml``. Shipped options are ours; a user's is chosen by an override (a
+    shipped default is never a user's file: its name would shadow a shipped one, which is refused)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    dirs = [Path(str(p).removeprefix("file://")) for o in parsed if o.key_or_group == "hydra.searchpath"
+            for p in (o.value() if isinstance(o.value(), list) else [o.value()])]
+    out: list[str] = []
+    for o in parsed:
+        if o.is_sweep_override() or o.is_delete() or o.key_or_group == "hydra.searchpath":
+            continue
+        value = o.value()
+        for option in value if isinstance(value, list) else [value]:
+            for folder in dirs:
+                path = folder / o.key_or_group / f"{option}.yaml"
+                if isinstance(option, str) and path.is_file():
+                    out += [f"{line} (in {o.key_or_group}/{option})"
+                            for line in _file_number_bools(cfg, path, o.key_or_group, option, o.package)]
+    return out
+
+
+def _file_number_bools(cfg: Any, path: Path, group: str, option: str, package: str | None) -> list[str]:
+    """Numbers at switches in one option file, keyed where the file lands in the config: the
+    override's ``@package``, else the file's ``# @package`` line, else its group."""
+    import yaml
+
+    text = path.read_text(encoding="utf-8")
+    if package is None:
+        header = re.search(r"^#\s*@package\s+(\S+)", text, re.MULTILINE)
+        package = header.group(1) if header else "_group_"
+    package = package.replace("_group_", group.replace("/", ".")).replace("_name_", option)
+    prefix = "" if package == "_global_" else package.removeprefix("_global_.")
+    body = yaml.safe_load(text)
+    if not isinstance(body, dict):
+        return []
+    out: list[str] = []
+    for key, value in body.items():
+        if key != "defaults":
+            out += _number_bool_problems(cfg, f"{prefix}.{key}" if prefix else str(key), value)
+    return out
 
 
 def _reads_as_number(value: Any) -> bool:
