@@ -270,11 +270,10 @@ def _numbers_as_bools_in_user_files(cfg: Any, overrides: list[str]) -> list[str]
             continue
         value = o.value()
         for option in value if isinstance(value, list) else [value]:
-            for folder in dirs:
-                path = folder / o.key_or_group / f"{option}.yaml"
-                if isinstance(option, str) and path.is_file():
-                    out += [f"{line} (in {o.key_or_group}/{option})"
-                            for line in _file_number_bools(cfg, path, o.key_or_group, option, o.package)]
+            found = [p for d in dirs if isinstance(option, str) and (p := d / o.key_or_group / f"{option}.yaml").is_file()]
+            if found:  # the first folder on the search path that has it is the one Hydra reads
+                out += [f"{line} (in {o.key_or_group}/{option})"
+                        for line in _file_number_bools(cfg, found[0], o.key_or_group, option, o.package)]
     return out
 
 
@@ -284,9 +283,7 @@ def _file_number_bools(cfg: Any, path: Path, group: str, option: str, package: s
     import yaml
 
     text = path.read_text(encoding="utf-8")
-    if package is None:
-        header = re.search(r"^#\s*@package\s+(\S+)", text, re.MULTILINE)
-        package = header.group(1) if header else "_group_"
+    package = package or _package_line(text) or "_group_"
     package = package.replace("_group_", group.replace("/", ".")).replace("_name_", option)
     prefix = "" if package == "_global_" else package.removeprefix("_global_.")
     body = yaml.safe_load(text)
@@ -297,6 +294,18 @@ def _file_number_bools(cfg: Any, path: Path, group: str, option: str, package: s
         if key != "defaults":
             out += _number_bool_problems(cfg, f"{prefix}.{key}" if prefix else str(key), value)
     return out
+
+
+def _package_line(text: str) -> str | None:
+    """The ``# @package`` directive of a config file, read where Hydra reads it: the leading comments."""
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            return None
+        directive = re.match(r"#\s*@package\s+(\S+)", line)
+        if directive:
+            return directive.group(1)
+    return None
 
 
 def _reads_as_number(value: Any) -> bool:
