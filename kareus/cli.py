@@ -262,7 +262,7 @@ def app(cfg: DictConfig) -> Any:
     typed, problems = _checked(cfg)
     if typed is None:
         _fail(problems, run_dir)
-    from kareus.errors import JobRefused, KareusError, OutputClosed, RefusedWithOutputs
+    from kareus.errors import JobRefused, KareusError, OutputClosed, RefusedWithOutputs, machine_failure
     from kareus.pipeline import run_mode
 
     describe = str(getattr(cfg.mode, "value", cfg.mode)) == "describe"
@@ -293,6 +293,12 @@ def app(cfg: DictConfig) -> Any:
             _restore_kept()
         _JOB.refused.append(job)
         return JobRefused(job)  # the sweep goes on; main() reports and exits 2 at its end
+    except Exception as err:  # noqa: BLE001  (a full disk is the machine's; anything else keeps its traceback)
+        line = machine_failure(err)
+        if line is None:
+            raise
+        print(f"error: {_stopped(line)}", file=sys.stderr)
+        sys.exit(1)  # a sweep stops too: its next job would meet the same disk
 
 
 def _stdout_to_devnull() -> None:

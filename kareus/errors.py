@@ -1,4 +1,15 @@
 """What the CLI turns into a clean stop: a one-line message (or none) and a non-zero exit."""
+from __future__ import annotations
+
+import errno
+import os
+import sqlite3
+
+# a machine that cannot hold the run's files (a full disk, a quota, a folder it may not write, a
+# read-only or failing file system, no file handles left): not a fault of the run or of Kareus
+_MACHINE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.EIO,
+                             errno.EMFILE, errno.ENFILE})
+_MACHINE_SQLITE = ("database or disk is full", "disk i/o error", "readonly database", "unable to open database file")
 
 
 class KareusError(RuntimeError):
@@ -26,3 +37,15 @@ class OutputClosed(BrokenPipeError):
 def not_text(err: UnicodeDecodeError) -> str:
     """How a file that is not UTF-8 text is named in an error line: where its first bad byte sits."""
     return f"not UTF-8 text (byte 0x{err.object[err.start]:02x} at {err.start})"
+
+
+def machine_failure(err: BaseException) -> str | None:
+    """One line for a failure of the machine rather than of the run (a full disk, a folder it may not
+    write, a read-only file system), naming the file where known; None for anything else, whose
+    traceback is what a bug report needs."""
+    if isinstance(err, OSError) and err.errno in _MACHINE_ERRNOS:
+        why = err.strerror or os.strerror(err.errno)
+        return f"{err.filename}: {why}" if err.filename else why
+    if isinstance(err, sqlite3.OperationalError) and any(s in str(err).lower() for s in _MACHINE_SQLITE):
+        return str(err)
+    return None

@@ -113,3 +113,65 @@ def test_ctrl_c_to_the_whole_process_group_with_worker_processes_is_one_line(tmp
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, err[-3000:]
     assert "Traceback" not in err and error_lines(err) == [f"interrupted; continue with resume={journal.parent}"]
+
+
+# sitecustomize modules that make the machine fail mid-run, imported by the child at start-up
+_FULL_AT_PLANS = '''
+import errno
+import pathlib
+
+_write = pathlib.Path.write_text
+
+def _full(self, *args, **kwargs):
+    if self.parent.name == "plans":
+        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+    return _write(self, *args, **kwargs)
+
+pathlib.Path.write_text = _full
+'''
+_FULL_AT_FOURTH_MEASUREMENT = '''
+import sqlite3
+from kareus.profiler import journal
+
+class _FillsUp:
+    def __init__(self, conn):
+        self._conn, self._rows = conn, 0
+    def execute(self, sql, *args):
+        if sql.startswith("INSERT INTO measurements"):
+            self._rows += 1
+            if self._rows > 3:
+                raise sqlite3.OperationalError("database or disk is full")
+        return self._conn.execute(sql, *args)
+    def __getattr__(self, name):
+        return getattr(self._conn, name)
+
+_init = journal.Journal.__init__
+journal.Journal.__init__ = lambda self, conn, path, h: _init(self, _FillsUp(conn), path, h)
+'''
+
+
+@pytest.mark.parametrize("inject, where, rows", [
+    (_FULL_AT_PLANS, "plans/plan_000.yaml: No space left on device", None),
+    (_FULL_AT_FOURTH_MEASUREMENT, "journal.sqlite: database or disk is full", 3),
+])
+def test_a_full_disk_is_one_line_that_says_how_to_continue(tmp_path, inject, where, rows):
+    """The machine's fault, not the run's: no traceback, status 1, and the journal to resume from."""
+    (tmp_path / "inject").mkdir()
+    (tmp_path / "inject" / "sitecustomize.py").write_text(inject)
+    env = {**_env(), "PYTHONPATH": str(tmp_path / "inject")}
+    res = subprocess.run([sys.executable, "-m", "kareus", *TINY, "search=random", "search.budget=6",
+                          "tracking.enabled=false", "hydra.run.dir=runs/full"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=600)
+    run_dir = tmp_path / "runs" / "full"
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert error_lines(res.stderr)[-1] == f"error: {run_dir}/{where}; continue with resume={run_dir}"
+    kept, _ = _rows(run_dir)
+    assert kept == rows if rows is not None else kept > 3
+    res = subprocess.run([sys.executable, "-m", "kareus", *TINY, "search=random", "search.budget=6",
+                          "tracking.enabled=false", f"resume={run_dir}", "hydra.run.dir=runs/resumed"],
+                         cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    after, dups = _rows(tmp_path / "runs" / "resumed")
+    assert dups == [] and (after == kept if rows is None else after > kept)  # every profile was kept
+    assert (tmp_path / "runs" / "resumed" / "plan_selected.yaml").is_file()

@@ -149,17 +149,20 @@ class Journal:
         """Commit one measurement (durably, before returning)."""
         c = m.candidate
         readings = json.dumps([asdict(r) for r in m.readings])
-        self._conn.execute(
-            "INSERT INTO measurements (partition, slot, sms, freq_mhz, failed, time_s, energy_j, dynamic_energy_j, "
-            "static_power_w, temperature_c, measured_freq_mhz, repeats, flags, readings, backend, clock_mhz, "
-            "gpu_temperature_c, gpu_seconds, config_hash, worker, wall_time) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (c.partition, c.slot, int(c.sms), int(c.freq_mhz), int(m.failed), _num(m.time_s), _num(m.energy_j),
-             _num(m.dynamic_energy_j), _num(m.static_power_w), _num(m.temperature_c), _num(m.freq_mhz),
-             int(m.repeats), json.dumps(list(m.flags)), readings, backend,
-             None if clock_mhz is None else int(clock_mhz), _num(gpu_temperature_c), float(gpu_seconds),
-             self.config_hash, f"{os.uname().nodename}:{os.getpid()}", time.time()),
-        )
+        try:
+            self._conn.execute(
+                "INSERT INTO measurements (partition, slot, sms, freq_mhz, failed, time_s, energy_j, dynamic_energy_j, "
+                "static_power_w, temperature_c, measured_freq_mhz, repeats, flags, readings, backend, clock_mhz, "
+                "gpu_temperature_c, gpu_seconds, config_hash, worker, wall_time) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (c.partition, c.slot, int(c.sms), int(c.freq_mhz), int(m.failed), _num(m.time_s), _num(m.energy_j),
+                 _num(m.dynamic_energy_j), _num(m.static_power_w), _num(m.temperature_c), _num(m.freq_mhz),
+                 int(m.repeats), json.dumps(list(m.flags)), readings, backend,
+                 None if clock_mhz is None else int(clock_mhz), _num(gpu_temperature_c), float(gpu_seconds),
+                 self.config_hash, f"{os.uname().nodename}:{os.getpid()}", time.time()),
+            )
+        except sqlite3.OperationalError as err:  # a full disk, say: name the file, which SQLite does not
+            raise sqlite3.OperationalError(f"{self.path}: {err}") from err
 
     # -- reading ---------------------------------------------------------------------------------
     def _rows(self, partition: str | None = None) -> Iterator[tuple]:
