@@ -42,10 +42,15 @@ def not_text(err: UnicodeDecodeError) -> str:
 def machine_failure(err: BaseException) -> str | None:
     """One line for a failure of the machine rather than of the run (a full disk, a folder it may not
     write, a read-only file system), naming the file where known; None for anything else, whose
-    traceback is what a bug report needs."""
-    if isinstance(err, OSError) and err.errno in _MACHINE_ERRNOS:
-        why = err.strerror or os.strerror(err.errno)
-        return f"{err.filename}: {why}" if err.filename else why
-    if isinstance(err, sqlite3.OperationalError) and any(s in str(err).lower() for s in _MACHINE_SQLITE):
-        return str(err)
+    traceback is what a bug report needs. Looks through the exceptions a library raised it from (MLflow
+    wraps SQLAlchemy, which wraps SQLite)."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in _MACHINE_ERRNOS:
+            why = err.strerror or os.strerror(err.errno)
+            return f"{err.filename}: {why}" if err.filename else why
+        if isinstance(err, sqlite3.OperationalError) and any(s in str(err).lower() for s in _MACHINE_SQLITE):
+            return str(err)
+        err = err.__cause__  # raised from it (not merely while handling it: that may be a bug of its own)
     return None

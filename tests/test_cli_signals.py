@@ -175,3 +175,23 @@ def test_a_full_disk_is_one_line_that_says_how_to_continue(tmp_path, inject, whe
     after, dups = _rows(tmp_path / "runs" / "resumed")
     assert dups == [] and (after == kept if rows is None else after > kept)  # every profile was kept
     assert (tmp_path / "runs" / "resumed" / "plan_selected.yaml").is_file()
+
+
+def test_a_machine_failure_is_found_through_the_errors_a_library_raised_from_it():
+    """MLflow raises its own exception from SQLAlchemy's, which SQLAlchemy raised from SQLite's."""
+    from kareus.errors import machine_failure
+
+    def chained(*errors: BaseException) -> BaseException:
+        for outer, inner in zip(errors, errors[1:]):
+            outer.__cause__ = inner
+        return errors[0]
+
+    full = sqlite3.OperationalError("database or disk is full")
+    assert machine_failure(chained(RuntimeError("mlflow"), ValueError("sqlalchemy"), full)) == str(full)
+    assert machine_failure(OSError(28, "No space left on device", "/x/plan.yaml")) == "/x/plan.yaml: No space left on device"
+    assert machine_failure(OSError(13, "Permission denied")) == "Permission denied"
+    assert machine_failure(FileNotFoundError(2, "No such file or directory", "/x")) is None  # may be a bug
+    assert machine_failure(sqlite3.OperationalError("no such table: measurements")) is None
+    handling = RuntimeError("a bug while handling a full disk")
+    handling.__context__ = full
+    assert machine_failure(handling) is None
