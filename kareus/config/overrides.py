@@ -269,8 +269,10 @@ def _numbers_as_bools_in_user_files(cfg: Any, overrides: list[str]) -> list[str]
         if o.is_sweep_override() or o.is_delete() or o.key_or_group == "hydra.searchpath":
             continue
         value = o.value()
-        for option in value if isinstance(value, list) else [value]:
-            found = [p for d in dirs if isinstance(option, str) and (p := d / o.key_or_group / f"{option}.yaml").is_file()]
+        for option in (value if isinstance(value, list) else [value]):
+            if not isinstance(option, str):
+                continue
+            found = [p for d in dirs if (p := d / o.key_or_group / f"{option}.yaml").is_file()]
             if found:  # the first folder on the search path that has it is the one Hydra reads
                 out += [f"{line} (in {o.key_or_group}/{option})"
                         for line in _file_number_bools(cfg, found[0], o.key_or_group, option, o.package)]
