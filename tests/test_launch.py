@@ -499,3 +499,28 @@ def test_a_ray_cluster_of_several_nodes_is_refused_before_any_search(tmp_path, m
     fake.nodes = lambda: [{"Alive": True}, {"Alive": False}]  # one node alive: past the check, to the searches
     with pytest.raises(AttributeError, match="exceptions"):  # (which need more of Ray than this fake has)
         LAUNCHERS.build("ray", config={}).run(sim_tasks(tmp_path / "j.sqlite"))
+
+
+def test_a_failed_task_leaves_no_worker_dialing_the_stopped_event_relay(tmp_path, monkeypatch, capfd):
+    """The relay stopped before the workers did: a worker that took a queued task in between dialed it
+    and printed a multiprocessing traceback under the run's one error line. Widened here to a second."""
+    import dataclasses
+
+    import kareus.launch.launchers as launchers
+    from kareus.registry import UnknownComponentError
+
+    stop = launchers._stop_manager
+
+    def slow_stop(manager):
+        stop(manager)
+        time.sleep(1.0)
+
+    monkeypatch.setattr(launchers, "_stop_manager", slow_stop)
+    quick = {"name": "random", "budget": 2}
+    bad, good = sim_tasks(tmp_path / "j.sqlite")
+    bad = dataclasses.replace(bad, search={"name": "nope"})
+    tasks = [bad, dataclasses.replace(good, search={"name": "mbo", "budget": 60, "batch_size": 4})]
+    tasks += [dataclasses.replace(good, search=quick, seed=s) for s in range(6)]
+    with pytest.raises(UnknownComponentError):
+        LAUNCHERS.build("process", config={"workers": 2}).run(tasks, listeners=[lambda event: None])
+    assert "Traceback" not in capfd.readouterr().err

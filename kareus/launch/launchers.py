@@ -113,6 +113,9 @@ class ProcessLauncher:
                 while _dispatch(q, listeners, queue_mod.Empty, 0.0):
                     pass
                 return [f.result() for f in futures]
+            except BaseException:  # the workers go before the relay: an idle one taking a queued task would
+                _terminate_workers(pool)  # dial the stopped relay and print that traceback
+                raise
             finally:
                 _stop_manager(manager)
         except BaseException as err:  # Ctrl-C, SIGTERM, a failed task: stop the others now, not after they finish
