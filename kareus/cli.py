@@ -14,6 +14,7 @@ from kareus.components import register_all
 register_all()
 
 import hydra  # noqa: E402
+from hydra.core.object_type import ObjectType  # noqa: E402
 from hydra.experimental.callback import Callback  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
@@ -187,15 +188,14 @@ def _remove_made(folder: Path) -> None:
             break
 
 
-def _group_options(group: str, kind: Any = None) -> list[str]:
-    """The options (``kind``: ObjectType.CONFIG, the default, or GROUP for subgroups) of ``group``."""
+def _group_options(group: str, kind: ObjectType = ObjectType.CONFIG) -> list[str]:
+    """The options of ``group`` (``kind``: CONFIG, or GROUP for its subgroups)."""
     from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.object_type import ObjectType
 
     # with the call's --config-dir folders: the pre-check's loader, unlike the job's, lacks them
     loader = GlobalHydra.instance().config_loader()
     extra = searchpath_overrides(sys.argv[1:])
-    return sorted(loader.get_group_options(group, kind or ObjectType.CONFIG, config_name=CONFIG_NAME, overrides=extra))
+    return sorted(loader.get_group_options(group, kind, config_name=CONFIG_NAME, overrides=extra))
 
 
 _INTERNAL_GROUPS = ("hydra", "schema")  # Hydra's own groups and the typed schemas behind the options
@@ -203,8 +203,6 @@ _INTERNAL_GROUPS = ("hydra", "schema")  # Hydra's own groups and the typed schem
 
 def _choice_groups(parent: str = "") -> list[str]:
     """Every config group a user chooses an option of, nested ones included, internal ones left out."""
-    from hydra.core.object_type import ObjectType
-
     out: list[str] = []
     for name in _group_options(parent, ObjectType.GROUP):
         group = f"{parent}/{name}" if parent else name
@@ -227,7 +225,6 @@ def _list_groups_from_one_repository() -> None:
     config, which may change what it loads, keeps its own copy.
     """
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    from hydra.core.object_type import ObjectType
 
     if not hasattr(ConfigLoaderImpl, "_parse_overrides_and_create_caching_repo"):
         return  # another Hydra: its own listing, only slower
