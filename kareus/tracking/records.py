@@ -37,8 +37,13 @@ def truncate(value: str, limit: int) -> str:
     return value if len(value) <= limit else value[: limit - 3] + "..."
 
 
+_BUILTIN_SCALARS = frozenset({bool, int, float, str, type(None)})
+
+
 def plain(value: Any) -> Any:
     """Mappings, sequences and enums down to JSON/YAML-safe builtins (enums by value)."""
+    if type(value) in _BUILTIN_SCALARS:  # most calls are leaves: skip the ABC checks (a str enum is not one)
+        return value
     if isinstance(value, Enum):
         return value.value
     if isinstance(value, Mapping):
