@@ -400,3 +400,19 @@ def test_the_energy_descent_takes_no_move_whose_clock_switches_cost_more_than_it
     assert list(_slow_down(dag, tables, top, 0.5, sw)) == [0, 0]
     model = CostModel(dag, opts, 0.5, 1, 1, 0.1)
     assert model.assess((1, 0)).energy_j > model.assess((0, 0)).energy_j  # what the refused move would cost
+
+
+def test_perseus_says_when_its_time_quantum_merges_an_instructions_options(caplog):
+    """Options spanning a few of compose.unit_time_s's steps share them, and lowtime keeps only the
+    costliest option of each step: the walk cannot reach the cheaper plans, and a warning says so."""
+    from kareus.compose.synthetic import synthetic_options
+
+    dag, opts = pipeline_dag("1f1b", 2, 4), synthetic_options(2, seed=0, clocks=(900, 1410, 30), fwd_time_s=0.0004)
+    with caplog.at_level("WARNING", logger="kareus.compose.perseus"):
+        coarse = COMPOSERS.build("perseus", config={"name": "perseus"}).compose(dag, opts, 80.0, 1, 2)
+    assert "the options of 4 of 4 instructions span" in caplog.text and "compose.unit_time_s=0.001 s" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="kareus.compose.perseus"):
+        fine = COMPOSERS.build("perseus", config={"name": "perseus", "unit_time_s": 1e-6}).compose(dag, opts, 80.0, 1, 2)
+    assert "compose.unit_time_s" not in caplog.text
+    assert min(fine.energies) < 0.95 * min(coarse.energies)

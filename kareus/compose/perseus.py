@@ -23,6 +23,9 @@ from kareus.registry import COMPOSERS
 from kareus.types import Direction
 
 
+MIN_STEPS = 10  # warn when an instruction's Pareto options span fewer of lowtime's time steps than this
+
+
 @dataclass
 class PerseusComposerConfig:
     name: str = "perseus"
@@ -120,11 +123,15 @@ class PerseusComposer:
         model = CostModel(dag, options, static_power_w, gpus_per_stage, num_stages, clock_switch_s)
         specs = {}
         self.hull_fallbacks = 0
+        coarse: list[float] = []  # time spans of instructions whose options share few of lowtime's steps
         for key in dag.keys:
             opts = options[key]
             # lowtime keeps options tied on time at a higher cost, which derails its walk: give it the
             # Pareto options only (knob = index into the full list, as the cost model re-prices)
             keep = pareto_indices([o.time_s for o in opts], [o.dynamic_energy_j for o in opts])
+            span = opts[keep[-1]].time_s - opts[keep[0]].time_s
+            if len(keep) > 1 and span < MIN_STEPS * self.config.unit_time_s:
+                coarse.append(span)
             cand = CandidateExecutionOptions[int](options=[
                 ExecutionOption[int](real_time=opts[j].time_s, unit_time=self.config.unit_time_s,
                                      cost=opts[j].dynamic_energy_j * gpus_per_stage, knob=int(j))
@@ -138,6 +145,11 @@ class PerseusComposer:
         if self.hull_fallbacks:
             log.warning("perseus: %d of %d instructions use the hull cost model (the exponential fit needs "
                         "3+ options with positive cost and must fall with time)", self.hull_fallbacks, len(dag.keys))
+        if coarse:  # lowtime floors times to steps and keeps the costliest option of each: no walk there
+            log.warning("perseus: the options of %d of %d instructions span %.3g s or less, under %d steps of "
+                        "compose.unit_time_s=%g s: lowtime keeps only the costliest option of each step, so its "
+                        "walk misses their cheaper plans; set a smaller unit (more solver steps)",
+                        len(coarse), len(dag.keys), max(coarse), MIN_STEPS, self.config.unit_time_s)
 
         graph = nx.DiGraph()
         ops = []
