@@ -59,6 +59,9 @@ def test_one_plan_per_frontier_point_with_predictions(frontier, plans):
                 assert covered == list(range(M))  # every microbatch exactly once
         ins = p.instruction(1, 2, B)
         assert ins.partitions[0].partition == "bwd_attn" and ins.partitions[0].count == 7
+        for outside in ((-1, 0, F), (S, 0, F), (0, M, F)):  # a stage index of -1 is not the last stage
+            with pytest.raises(KeyError):
+                p.instruction(*outside)
     # Perseus-style savings: some plan runs one (stage, direction) at different clocks per microbatch
     assert any(len({i.freq_mhz for i in st.instructions if i.direction == "fwd"}) > 1
                for p in plans for st in p.stages)
@@ -281,6 +284,8 @@ def test_plan_schema_is_registered_for_hydra():
 @pytest.mark.parametrize("mutate,match", [
     (lambda d: d["stages"][0]["instructions"][0]["microbatches"].append(0), r"repeated \[0\]"),
     (lambda d: d["stages"][0]["instructions"][0]["microbatches"].clear(), "missing"),
+    (lambda d: d.update(num_microbatches=10**12), rf"must be 0\.\.999999999999 once each; {10**12 - M} missing"),
+    (lambda d: d["stages"][0]["instructions"][0]["microbatches"].append(-1), r"unknown \[-1\]"),
     (lambda d: d["stages"][0]["instructions"][0].update(stage=1), "inside stage 0"),
     (lambda d: d["stages"][0]["instructions"][0].update(time_s=-0.5), "must be positive"),
     (lambda d: d["stages"][0]["instructions"][0]["partitions"][0].update(sms=0), "sms must be >= 1"),

@@ -74,6 +74,8 @@ class ExecutionPlan:
     def instruction(self, stage: int, microbatch: int, direction: Direction | str) -> InstructionPlan:
         """The plan entry covering one instruction (KeyError if the plan does not cover it)."""
         d = Direction(direction).value
+        if not 0 <= stage < self.num_stages:  # a negative index would find another stage's entry
+            raise KeyError((stage, microbatch, d))
         for ins in self.stages[stage].instructions:
             if ins.direction == d and microbatch in ins.microbatches:
                 return ins
