@@ -73,6 +73,8 @@ def test_clock_and_unknown_configurations(tmp_path):
     (HEADER + "p,sequential,4,1410,0.004,1.0,0\np,norm_0,four,1410,0.003,0.9,0\n", 3, "non-numeric"),
     (HEADER + "p,sequential,4,1410,0.004,1.0,0\np,norm_0,4,1410,0.003,0.9,0\np,norm_0,8,1410,-0.003,0.9,0\n",
      4, "negative"),
+    # the profiler refuses a zero energy reading: accepted here, the setting only ever failed
+    (HEADER + "p,sequential,4,1410,0.004,1.0,0\np,norm_0,4,1410,0.003,0.0,0\n", 3, "negative or zero"),
     (HEADER + "p,sequential,4,1410,0.004,1.0,0\np,sequential,4,1410,0.0041,1.0,0\n", 3, "duplicate"),
     # a key naming a folder crashed the run's output step after every search had finished
     (HEADER + "p,sequential,4,1410,0.004,1.0,0\nfwd/attn,sequential,4,1410,0.004,1.0,0\n", 3,
@@ -86,6 +88,12 @@ def test_malformed_tables_are_rejected_with_the_line(tmp_path, text, line, what)
     msg = str(err.value)
     assert isinstance(err.value, ValueError) and "\n" not in msg
     assert f"{path}:{line}:" in msg and what in msg
+
+
+def test_a_table_saved_with_a_byte_order_mark_loads(tmp_path):
+    """Spreadsheets write 'CSV UTF-8' with one; it hid the first column: 'missing column(s) partition'."""
+    (tmp_path / "t.csv").write_bytes(b"\xef\xbb\xbf" + GOOD.encode())
+    assert load_table(tmp_path / "t.csv") == load_table(write(tmp_path, GOOD, "plain.csv"))
 
 
 def test_kareus_own_partition_keys_load(tmp_path):
@@ -134,6 +142,9 @@ def test_convert_the_real_a100_tables(tmp_path):
     assert r.time_s == pytest.approx(float(first["0:time (s)"]), rel=1e-6)
 
 
+SOURCE_HEADER = "overlap_start,overlap_end,comm_sm_number,comm_block_size,0:time (s),0:total energy (J)\n"
+
+
 @pytest.mark.parametrize("files, says", [
     ({}, "cannot read"),  # an empty folder
     ({"clock_default.csv": "a,b\n1,2\n", "clock_1200mhz.csv": "a,b\n1,2\n"}, "no column 'comm_block_size'"),
@@ -144,6 +155,16 @@ def test_convert_the_real_a100_tables(tmp_path):
                            "-1,-1,4,1024,0.001,2.0\n-1,-1,4,1024,0.001,2.0\n"},
      "line 3 repeats the window of line 2 (overlap -1..-1, 4 SMs)"),
     ({"clock_default.csv": b"\xff\xfe\x00bad"}, "clock_default.csv: not UTF-8 text (byte 0xff at 0)"),
+    # each of these was converted into a table that replay then refused, naming the output's line
+    ({"clock_default.csv": SOURCE_HEADER + "-1,-1,4,1024,nan,2.0\n"},
+     "line 2: column '0:time (s)': must be finite and positive, got nan"),
+    ({"clock_default.csv": SOURCE_HEADER + "-1,-1,4,1024,0.001,-2.0\n"},
+     "line 2: column '0:total energy (J)': must be finite and positive, got -2.0"),
+    ({"clock_default.csv": SOURCE_HEADER + "-1,-1,4,1024,0.001,\n"}, "line 2: column '0:total energy (J)': '' is not a number"),
+    # a window inside a slot (ops 0-1 are one) crashed the converter with a KeyError
+    ({"clock_default.csv": SOURCE_HEADER + "0,3,4,1024,0.001,2.0\n"},
+     "line 2: overlap 0..3 is not a window of slots; overlap_start must be one of [0, 2, 3, 5, 6]"),
+    ({"clock_default.csv": SOURCE_HEADER + "5,2,4,1024,0.001,2.0\n"}, "line 2: overlap 5..2 is not a window of slots"),
 ])
 def test_converting_a_folder_that_is_not_the_recorded_tables_says_why_and_writes_nothing(tmp_path, capsys, files, says):
     from kareus.hardware.tables import main

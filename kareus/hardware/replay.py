@@ -52,9 +52,10 @@ _PATH_CHARS = ("/", "\\", "\0")  # a partition key becomes part of file names (K
 
 
 def read_text(path: str | Path) -> str:
-    """A table file's text; one TableError line naming the file if it cannot be read or is not UTF-8."""
+    """A table file's text; one TableError line naming the file if it cannot be read or is not UTF-8
+    (a byte-order mark, as spreadsheets write, is dropped)."""
     try:
-        return Path(path).read_text(encoding="utf-8")
+        return Path(path).read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as e:
         raise TableError(f"{path}: {not_text(e)}") from None
     except OSError as e:
@@ -95,7 +96,7 @@ def load_table(path: str | Path) -> dict[Key, list[tuple[float, float]]]:
                 raise TableError(f"{p}:{line}: non-numeric value ({exc})") from None
             if not (math.isfinite(t) and math.isfinite(e)):
                 raise TableError(f"{p}:{line}: time and energy must be finite")
-            if t <= 0 or e < 0:
+            if t <= 0 or e <= 0:  # the profiler refuses such a reading: the setting would only ever fail
                 raise TableError(f"{p}:{line}: negative or zero time/energy (time_s={t}, energy_j={e})")
             if sms <= 0 or mhz <= 0:
                 raise TableError(f"{p}:{line}: sms and freq_mhz must be positive")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import statistics
 from pathlib import Path
 
@@ -78,6 +79,27 @@ def window_partition(end: int) -> PartitionType:
     return PartitionType(partition_key(end), Direction.FWD, ops, comm, slots, join)
 
 
+def _measured(row: dict, column: str, path: str | Path, line: int) -> float:
+    """One time or energy reading: a finite, positive number, else a TableError naming its column."""
+    try:
+        v = float(row[column])
+    except (TypeError, ValueError):
+        raise TableError(f"{path}: line {line}: column {column!r}: {row[column]!r} is not a number") from None
+    if not (math.isfinite(v) and v > 0):
+        raise TableError(f"{path}: line {line}: column {column!r}: must be finite and positive, got {v}")
+    return v
+
+
+def _check_window(path: str | Path, line: int, start: int, end: int) -> None:
+    """A window launches before a slot's first op and joins after a slot's last op (or is -1, -1)."""
+    if (start, end) == (-1, -1):
+        return
+    if start not in _START_OF or end not in _END_OF or start > end:
+        raise TableError(f"{path}: line {line}: overlap {start}..{end} is not a window of slots; overlap_start "
+                         f"must be one of {sorted(_START_OF)}, overlap_end one of {sorted(_END_OF)} and not before "
+                         f"it, or both -1 (sequential)")
+
+
 def read_windows(path: str | Path, block_size: int = BLOCK_SIZE) -> list[dict]:
     """Rows of one real table: window, SMs, and per-GPU time/energy per repeat (total energy / 2)."""
     out = []
@@ -90,9 +112,10 @@ def read_windows(path: str | Path, block_size: int = BLOCK_SIZE) -> list[dict]:
                 reps = sorted({k.split(":")[0] for k in row if k and ":" in k}, key=int)
                 if not reps:
                     raise KeyError("0:time (s)")
-                times = [float(row[f"{r}:time (s)"]) for r in reps]
-                energies = [float(row[f"{r}:total energy (J)"]) / 2.0 for r in reps]  # 2 GPUs, symmetric ranks
+                times = [_measured(row, f"{r}:time (s)", path, line) for r in reps]
+                energies = [_measured(row, f"{r}:total energy (J)", path, line) / 2.0 for r in reps]  # 2 GPUs, symmetric ranks
                 window = (int(row["overlap_start"]), int(row["overlap_end"]), int(row["comm_sm_number"]))
+                _check_window(path, line, window[0], window[1])
                 if window in seen:
                     raise TableError(f"{path}: line {line} repeats the window of line {seen[window]} (overlap "
                                      f"{window[0]}..{window[1]}, {window[2]} SMs); keep one row per window")
