@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kareus.errors import OutputClosed
 from kareus.frontier import Frontier
 from kareus.tracking import PartitionListenerFactory, Tracker, TrackingConfig, summary_metrics
 from kareus.tracking.records import config_params, override_tags
@@ -330,13 +331,16 @@ def test_run_records_the_commit_of_the_installed_checkout_not_of_the_working_fol
     assert tags["git.commit"] == head.stdout.strip() and tags["git.dirty"] in ("true", "false")
 
 
-def test_an_exit_while_recording_closes_the_run_as_killed(store, client):
+@pytest.mark.parametrize("stop", [SystemExit(143), OutputClosed()], ids=["sigterm", "reader_left"])
+def test_an_exit_while_recording_closes_the_run_as_killed(store, client, stop):
+    """The CLI turns SIGTERM into SystemExit(143); a reader that left (``| head``) stops the run as a
+    shell tool does (exit 141, 'continue with resume='): neither is a failure, and FAILED said it was."""
     tracker = Tracker(TrackingConfig(), base=store)
-    with pytest.raises(SystemExit):
-        with tracker:  # the CLI turns SIGTERM into SystemExit(143)
+    with pytest.raises(type(stop)):
+        with tracker:
             run_id = tracker.start(RESOLVED, CHOICES, [])
             tracker.partition_listener_factory("fwd_attn")()(search_events("fwd_attn")[0])
-            raise SystemExit(143)
+            raise stop
     runs = client.search_runs([client.get_run(run_id).info.experiment_id],
                               filter_string=f"tags.`mlflow.parentRunId` = '{run_id}'")
     assert client.get_run(run_id).info.status == "KILLED"

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from kareus.errors import OutputClosed
 from kareus.frontier import Frontier
 from kareus.tracking import records
 from kareus.tracking.config import TrackingConfig, as_tracking_config
@@ -207,8 +208,8 @@ class Tracker:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None and issubclass(exc_type, (KeyboardInterrupt, SystemExit)):
-            self.end("KILLED")  # Ctrl-C, or SIGTERM turned into SystemExit by the CLI
+        if exc_type is not None and issubclass(exc_type, (KeyboardInterrupt, SystemExit, OutputClosed)):
+            self.end("KILLED")  # Ctrl-C, SIGTERM turned into SystemExit by the CLI, or a reader that left (| head)
             return
         if exc is not None and self.active:  # why it failed, beside the status (the run's one error line)
             try:
