@@ -18,8 +18,8 @@ from hydra.core.object_type import ObjectType  # noqa: E402
 from hydra.experimental.callback import Callback  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from kareus.config.overrides import (CONFIG_MODULE, CONFIG_NAME, override_problems, searchpath_overrides,  # noqa: E402
-                                     sweep_job_label)
+from kareus.config.overrides import (CONFIG_MODULE, CONFIG_NAME, flags_first, override_problems,  # noqa: E402
+                                     searchpath_overrides, sweep_job_label)
 
 
 @dataclass
@@ -387,6 +387,7 @@ def main() -> None:
     problems = override_problems(sys.argv[1:], _problems) or _output_dir_problems(sys.argv[1:])
     if problems:
         _fail(problems, None)
+    sys.argv[1:] = flags_first(sys.argv[1:])
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         _hydra_main()

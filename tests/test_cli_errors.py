@@ -87,6 +87,12 @@ def test_composition_typo_fails_on_one_line_listing_the_known_keys(tmp_path):
     ("search.passes=total", "error: search.passes: expects a list, got 'total'; write search.passes=[total]; "
                             "allowed items: total, dynamic, static, uncertainty, fastest, spread, local, coverage"),
     ("search.space.sms=5", "error: search.space.sms: expects a list, got '5'; write search.space.sms=[5]"),
+    # a list or a value where a section belongs: 'Error merging override ...', naming nothing
+    ("search.space.freq_mhz=[1]", "error: search.space.freq_mhz: expects a section (min, max, step, min_frac), got a "
+                                  "list; set its fields as search.space.freq_mhz.FIELD=VALUE"),
+    ("search.space.freq_mhz=5", "error: search.space.freq_mhz: expects a section (min, max, step, min_frac), got an "
+                                "int; set its fields as search.space.freq_mhz.FIELD=VALUE"),
+    ("search.shares=[1]", "error: search.shares: expects a section, got a list; set its fields as search.shares.FIELD=VALUE"),
     ("search.greedy=maybe", "error: search.greedy: 'maybe' is not a bool; allowed: true, false"),
     # OmegaConf reads any number as a bool (2 -> true): a number typed for a switch is refused
     ("search.greedy=2", "error: search.greedy: '2' is not a bool; allowed: true, false"),
@@ -139,6 +145,21 @@ def test_a_sweep_without_a_model_lists_the_models_of_the_config_dir_too(tmp_path
     lines = error_lines(res.stderr)
     assert res.returncode == 2 and len(lines) == 2, res.stderr[-2000:]
     assert all("NAME one of: llama3.2-3b, llama3.3-70b, my_model, qwen1.7b, tiny" in line for line in lines), lines
+
+
+def test_flags_may_follow_the_overrides():
+    from kareus.config.overrides import flags_first
+
+    assert flags_first(["+model=tiny", "-m", "parallel=pp1_tp2,pp2_tp2", "-cd", "mine"]) == [
+        "--multirun", "--config-dir", "mine", "+model=tiny", "parallel=pp1_tp2,pp2_tp2"]
+    assert flags_first(["--cfg", "job", "-m", "a=1"]) == ["--cfg", "job", "-m", "a=1"]  # Hydra's own flags: as given
+
+
+def test_a_sweep_with_m_after_an_override_runs(tmp_path):
+    """Hydra's parser takes its flags before the overrides: this call printed its usage text."""
+    res = kareus(tmp_path, "+model=tiny", "mode=describe", "-m", "parallel=pp1_tp2,pp2_tp2")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.count("total search space") == 2
 
 
 def test_bad_override_exits_2_with_one_line_and_writes_nothing(tmp_path):

@@ -195,6 +195,22 @@ def test_explicit_layer_split_allows_uneven_stages():
     assert problems("parallel.pp=3", "parallel.layer_split=[9,9,10]") == []
 
 
+PASS_NAMES = "total, dynamic, static, uncertainty, fastest, spread, local, coverage"
+
+
+@pytest.mark.parametrize("override,lines", [
+    ("search.passes=[[total]]", [f"search.passes[0]: expects one of {PASS_NAMES}, got a list"]),
+    ("search.expected=[{a:1}]", [f"search.expected[0]: expects one of {PASS_NAMES}, got a mapping"]),
+    ("search.space.slots=[sequential,[attn_0]]", ["search.space.slots[1]: expects a str, got a list"]),
+    ("parallel.layer_split=[[14],[14]]", ["parallel.layer_split[0]: expects an int, got a list",
+                                          "parallel.layer_split[1]: expects an int, got a list"]),
+])
+def test_a_list_or_mapping_inside_a_list_of_values_is_named(override, lines):
+    """OmegaConf checks a typed list's plain items only: these reached the rules, which raised (a
+    traceback, a run folder left behind) or said 'cannot be checked'."""
+    assert problems(override) == lines
+
+
 def test_layer_split_needs_one_entry_per_stage():
     assert problems("parallel.layer_split=[28]") == ["parallel.layer_split: has 1 entries for pp=2 stages"]
 

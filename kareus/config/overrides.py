@@ -10,7 +10,8 @@ cannot mirror exactly (other sweepers, Hydra's own flags other than ``--config-d
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+import typing
+from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -57,6 +58,16 @@ def _split_args(argv: Sequence[str]) -> _Call | None:
     return call
 
 
+def flags_first(argv: Sequence[str]) -> list[str]:
+    """``argv`` with ``-m`` and ``--config-dir`` ahead of the overrides, as Hydra's parser needs them
+    (``key=v -m key2=a,b`` is otherwise its usage text); unchanged when another of Hydra's flags is present."""
+    call = _split_args(argv)
+    if call is None:
+        return list(argv)
+    dirs = [arg for d in call.config_dirs for arg in ("--config-dir", d)]
+    return [*(["--multirun"] if call.multirun else []), *dirs, *call.overrides]
+
+
 def _with_hint(text: str) -> str:
     """The first line of Hydra's message, with the hint line that says what to type instead."""
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
@@ -66,7 +77,7 @@ def _with_hint(text: str) -> str:
 def _message(err: Exception) -> str:
     """One line for a composition error: the key, what was wrong, and the allowed values if known."""
     from hydra.errors import MissingConfigException, OverrideParseException
-    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ConfigTypeError, ValidationError
 
     if isinstance(err, OverrideParseException):
         return f"override '{err.override}': {_first_line(err.message)} (see Hydra's override grammar)"
@@ -83,6 +94,10 @@ def _message(err: Exception) -> str:
         known = sorted(str(k) for k in cause.parent_node.keys()) if cause.parent_node is not None else []
         hint = f"; known: {', '.join(known)}" if known else ""
         return f"{cause.full_key}: unknown key{hint}{source}"
+    if isinstance(cause, ConfigTypeError) and _first_line(cause.msg).startswith("Cannot merge DictConfig with"):
+        # the section's schema (a dataclass), or dict for a free mapping (search.shares)
+        return _section_expected(cause.full_key, cause.object_type, "a list" if "ListConfig" in cause.msg else "a value",
+                                 source)
     if isinstance(cause, ValidationError):
         text = _first_line(cause.msg)
         converted = re.match(r"Value '(.*)' of type '\w+' could not be converted to (\w+)", text)
@@ -96,8 +111,20 @@ def _message(err: Exception) -> str:
             text = f"{value.replace('Invalid value', 'invalid value')}; allowed: {allowed.rstrip(']')}"
         elif "is not a ListConfig" in text:
             text = _list_expected(cause, in_file=bool(where))
+        scalar = re.match(r"Invalid type assigned: (\w+) is not a subclass of|Cannot assign (\w+) to Dict\[", text)
+        if scalar:  # a value where a section belongs: the schema is the parent's field type
+            hints = typing.get_type_hints(cause.object_type) if is_dataclass(cause.object_type) else {}
+            section = hints.get(str(cause.full_key).rsplit(".", 1)[-1])
+            kind = scalar.group(1) or scalar.group(2)
+            return _section_expected(cause.full_key, section, f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}", source)
         return f"{cause.full_key}: {text}{source}"
     return _with_hint(str(err))
+
+
+def _section_expected(key: str, section: Any, got: str, source: str = "") -> str:
+    """The line for a list or a value given where a section belongs, naming the section's fields."""
+    names = f" ({', '.join(f.name for f in fields(section))})" if is_dataclass(section) else ""
+    return f"{key}: expects a section{names}, got {got}; set its fields as {key}.FIELD=VALUE{source}"
 
 
 def _list_expected(cause: Any, in_file: bool = False) -> str:

@@ -206,11 +206,46 @@ def _unknown_keys(prefix: str, node: Any) -> list[str]:
     return out
 
 
+def _nested_items(prefix: str, node: Any) -> list[str]:
+    """Items that are lists or mappings inside lists typed as plain values (``search.passes=[[total]]``):
+    OmegaConf checks a typed list's plain items only, and the rules below would trip over a container."""
+    import enum
+
+    from omegaconf import DictConfig, ListConfig
+
+    out: list[str] = []
+    if not isinstance(node, DictConfig):
+        return out
+    for key in node.keys():
+        child = node._get_node(key)
+        if child is None or child._is_missing() or child._is_none():
+            continue
+        if isinstance(child, DictConfig):
+            out += _nested_items(f"{prefix}{key}.", child)
+        elif isinstance(child, ListConfig):
+            kind = child._metadata.element_type
+            if isinstance(kind, type) and issubclass(kind, enum.Enum):
+                wants = f"one of {', '.join(str(m.value) for m in kind)}"
+            elif kind in (str, int, float, bool):
+                wants = f"{'an' if kind is int else 'a'} {kind.__name__}"
+            else:
+                continue
+            for i in range(len(child)):
+                item = child._get_node(i)
+                if isinstance(item, (DictConfig, ListConfig)):
+                    got = "a list" if isinstance(item, ListConfig) else "a mapping"
+                    out.append(f"{prefix}{key}[{i}]: expects {wants}, got {got}")
+    return out
+
+
 def validate(cfg: Any) -> dict[str, Any]:
     """Check a composed config; return the typed sections, or raise ConfigError listing every problem."""
     from omegaconf import DictConfig
 
     cfg = _resolved(cfg)
+    nested = _nested_items("", cfg)
+    if nested:  # every later rule assumes plain items
+        raise ConfigError(nested)
     problems: list[str] = _unknown_keys("", cfg)
     problems += [f"{key}: missing value" for key in sorted(_missing_keys(cfg))]
     typed: dict[str, Any] = {}
