@@ -6,6 +6,8 @@ configs contribute their own rules through a ``problems(ctx) -> list[str]`` meth
 """
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -242,7 +244,7 @@ def validate(cfg: Any) -> dict[str, Any]:
     """Check a composed config; return the typed sections, or raise ConfigError listing every problem."""
     from omegaconf import DictConfig
 
-    cfg = _resolved(cfg)
+    raw, cfg = cfg, _resolved(cfg)
     nested = _nested_items("", cfg)
     if nested:  # every later rule assumes plain items
         raise ConfigError(nested)
@@ -297,8 +299,31 @@ def validate(cfg: Any) -> dict[str, Any]:
             lines = [f"{key}: cannot be checked: {_first_line(exc)}"]
         problems += [ln if ln.split(":")[0].split(".")[0] in sections else f"{key}.{ln}" for ln in lines]
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError(_without_echoes(raw, problems))
     return typed
+
+
+def _without_echoes(raw: Any, problems: list[str]) -> list[str]:
+    """``problems`` less the lines about a key that only repeats another's value (``search.seed:
+    ${seed}``) and says what that key's own line says: one bad value, one line."""
+    from omegaconf import DictConfig
+
+    def source(key: str) -> str | None:
+        node = raw
+        for part in key.split("."):
+            if not isinstance(node, DictConfig) or part not in node:
+                return None
+            node = node._get_node(part)
+        m = re.fullmatch(r"\$\{([\w.]+)\}", str(node._value())) if node is not None else None
+        return m.group(1) if m else None
+
+    out = []
+    for line in problems:
+        key, _, said = line.partition(": ")
+        src = source(key)
+        if src is None or f"{src}: {said}" not in problems:
+            out.append(line)
+    return out
 
 
 def _missing_keys(node: Any) -> set[str]:
