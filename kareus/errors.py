@@ -54,3 +54,8 @@ def machine_failure(err: BaseException) -> str | None:
             return str(err)
         err = err.__cause__  # raised from it (not merely while handling it: that may be a bug of its own)
     return None
+
+
+def a_noun(noun: str) -> str:
+    """``noun`` with its indefinite article, as error lines name a type: 'an int', 'a str'."""
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"

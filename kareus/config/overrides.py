@@ -16,7 +16,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from kareus.errors import not_text
+from kareus.errors import a_noun, not_text
 
 CONFIG_MODULE = "kareus.conf"
 CONFIG_NAME = "config"
@@ -103,7 +103,7 @@ def _message(err: Exception) -> str:
         converted = re.match(r"Value '(.*)' of type '\w+' could not be converted to (\w+)", text)
         if converted:
             kind = converted.group(2).lower()
-            text = f"'{converted.group(1)}' is not {'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+            text = f"'{converted.group(1)}' is not {a_noun(kind)}"
         elif "is not a valid bool" in text:
             text = f"{text.split(' is not a valid bool')[0][len('Value '):]} is not a bool; allowed: true, false"
         elif text.startswith("Invalid value") and "expected one of [" in text:
@@ -116,7 +116,7 @@ def _message(err: Exception) -> str:
             hints = typing.get_type_hints(cause.object_type) if is_dataclass(cause.object_type) else {}
             section = hints.get(str(cause.full_key).rsplit(".", 1)[-1])
             kind = scalar.group(1) or scalar.group(2)
-            return _section_expected(cause.full_key, section, f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}", source)
+            return _section_expected(cause.full_key, section, a_noun(kind), source)
         return f"{cause.full_key}: {text}{source}"
     return _with_hint(str(err))
 

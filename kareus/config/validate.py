@@ -215,6 +215,8 @@ def _nested_items(prefix: str, node: Any) -> list[str]:
 
     from omegaconf import DictConfig, ListConfig
 
+    from kareus.errors import a_noun
+
     out: list[str] = []
     if not isinstance(node, DictConfig):
         return out
@@ -229,7 +231,7 @@ def _nested_items(prefix: str, node: Any) -> list[str]:
             if isinstance(kind, type) and issubclass(kind, enum.Enum):
                 wants = f"one of {', '.join(str(m.value) for m in kind)}"
             elif kind in (str, int, float, bool):
-                wants = f"{'an' if kind is int else 'a'} {kind.__name__}"
+                wants = a_noun(kind.__name__)
             else:
                 continue
             for i in range(len(child)):
