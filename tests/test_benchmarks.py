@@ -1,6 +1,7 @@
 """Benchmark scoring: the search-efficiency noise diagnostics on recorded tables (what one repeat per
 setting would cost an exhaustive search, how far each clock's lowest-energy corner leads) and the
 plan-quality comparison against the exhaustive composition."""
+import re
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -44,6 +45,39 @@ def test_a_lucky_repeat_of_a_dominated_setting_costs_the_corner():
     lost = got["min"]  # a draw that read the lucky repeat: the front has (3.2, 1.2) for its corner
     assert lost < 1.0 and got["p10"] == pytest.approx(lost)
     assert 1.0 - got["mean"] == pytest.approx((1.0 - lost) / 3, rel=0.25)  # a third of the draws lose it
+
+
+def test_pareto_share_counts_each_front_point_once():
+    """Two settings that read the same front point: finding one of them finds the point (the share
+    counted settings, so the duplicate held it at 3 of 4 while the front has 3 points)."""
+    t = truth({**FRONT, ("c", 2): [(2.0, 2.0)] * 3})
+    got = [Candidate("p", slot, sms, 1410) for slot, sms in (("a", 2), ("a", 4), ("b", 2))]
+    points = [SimpleNamespace(time_s=t.table[c][0], energy_j=t.table[c][1]) for c in got]
+    result = SimpleNamespace(measurements=[SimpleNamespace(candidate=c) for c in got], frontier=points,
+                             dynamic_frontier=points)
+    assert se.score(t, result)["pareto_share"] == 1.0
+    result.measurements = result.measurements[:2]
+    assert se.score(t, result)["pareto_share"] == pytest.approx(2 / 3)
+
+
+def test_a_ground_truth_reading_that_failed_stops_the_benchmark():
+    """It was kept as a NaN row that reached the searchers as a successful measurement."""
+    import kareus.hardware  # noqa: F401
+    import kareus.partition  # noqa: F401
+    from omegaconf import OmegaConf
+
+    from kareus.registry import HARDWARE, PARTITIONERS
+    from kareus.search.space import SpaceConfig, build_space
+    from kareus.workload import build_workload
+
+    hw = OmegaConf.load(se.ROOT / "kareus" / "conf" / "hardware" / "a100_sim.yaml")
+    hw.pop("defaults", None)
+    hw.fail_rate = 1.0
+    backend = HARDWARE.build("sim", config=hw, seed=0)
+    part = PARTITIONERS.build("nanobatch", config={}).partition(build_workload(*se.conf_workload("tiny", "pp2_tp2"))).types[0]
+    space = build_space(part, backend.gpu, SpaceConfig())[:2]
+    with pytest.raises(RuntimeError, match=re.escape(f"ground truth failed at {space[0]}: ")):
+        se.measure_space("tiny", backend, part, space)
 
 
 def test_corner_lead_and_repeat_spread_from_recorded_energies():
