@@ -651,6 +651,37 @@ def test_energy_telemetry_reads_the_gpu_the_controller_locks(monkeypatch):
     assert nvml_index(2, override=1) == 1
 
 
+def test_nvml_controller_locks_the_gpu_the_backend_names_by_nvml_index(monkeypatch):
+    """hardware.nvml_index points the backend's energy, clock and temperature reads at one NVML GPU; the
+    controller locked the CUDA device's own (by UUID) beside it, so every window read another GPU."""
+    calls: list = []
+    _fake_nvml(monkeypatch, calls)
+    monkeypatch.setattr("kareus.runtime.telemetry._torch_cuda", lambda: FakeCuda(2))
+    backend = types.SimpleNamespace(cfg=types.SimpleNamespace(nvml_index=1), set_clock=lambda mhz: None,
+                                    gpu=types.SimpleNamespace(check_clock=lambda mhz: None))
+    ctl = FREQUENCY_CONTROLLERS.build("nvml", backend, config={})
+    ctl.set(1005)
+    ctl.__exit__(None, None, None)
+    assert [c[1] for c in calls if isinstance(c, tuple)] == ["nvml1", "nvml1"]  # locked, then reset
+
+
+def test_a_signal_handled_inside_the_lock_call_still_resets_that_gpu(monkeypatch):
+    """pynvml's lock is Python around the driver call: a SIGTERM handled inside it raised SystemExit
+    after the clock was locked, before the controller counted the GPU as held, so nothing reset it."""
+    calls: list = []
+    fake = _fake_nvml(monkeypatch, calls)
+
+    def locked_then_signalled(h, lo, hi):
+        calls.append(("lock", h, lo))
+        raise SystemExit(143)
+
+    fake.nvmlDeviceSetGpuLockedClocks = locked_then_signalled
+    with pytest.raises(SystemExit):
+        with FREQUENCY_CONTROLLERS.build("nvml", None, config={"devices": [0]}) as ctl:
+            ctl.set(1005)
+    assert [c for c in calls if isinstance(c, tuple)] == [("lock", "nvml0", 1005), ("reset", "nvml0")]
+
+
 # -- SIGTERM while clocks are locked ---------------------------------------------------------------------
 def test_controller_turns_sigterm_into_exit_while_locked_and_restores_the_handler(monkeypatch):
     """SIGTERM at its default kills without unwinding, leaving the GPU locked for whoever runs next."""

@@ -147,6 +147,35 @@ def test_a_reset_that_fails_while_an_error_unwinds_does_not_replace_that_error(c
             ex.begin(0, "fwd")
 
 
+def _broken_sync() -> None:
+    raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+def test_the_clocks_are_given_back_when_the_device_sync_fails():
+    """After a sticky CUDA error every synchronize raises: the reset waited on it and never unlocked."""
+    ctl = FakeController()
+    ex = PlanExecutor(_plan(), ctl, stage=1, sync=lambda: None)
+    ex.begin(0, "fwd")
+    ex.sync = _broken_sync
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        ex.reset()
+    assert ctl.calls == [1005, "reset"]
+
+
+def test_leaving_the_hooks_on_a_training_error_resets_the_clocks_and_keeps_that_error(caplog):
+    """The hooks' reset raised the failing sync's error over the training step's own."""
+    ctl = FakeController()
+    fake = _fake_schedules([])
+    ex = PlanExecutor(_plan(), ctl, stage=0, sync=lambda: None)
+    with pytest.raises(ZeroDivisionError):
+        with plan_hooks(ex, fake):
+            fake.forward_step("func", current_microbatch=0)
+            ex.sync = _broken_sync  # the step's error left CUDA broken
+            1 / 0
+    assert ctl.calls == [1410, "reset"]
+    assert "after ZeroDivisionError (RuntimeError: CUDA error: an illegal memory access" in caplog.text
+
+
 def test_run_partition_hands_the_knobs_to_the_backend():
     calls = []
     backend = SimpleNamespace(run_partition=lambda p, slot, sms: calls.append((p.key, slot, sms)))

@@ -222,11 +222,14 @@ class DeviceLockController(FrequencyController):
         self.locked = None  # until every device holds the new clock: a lock that fails partway leaves
         # some at it, so the next set, even of the old clock, must lock them all again
         for i, device in enumerate(self._devices):
+            newly = i not in self._held
+            if newly:  # held before the call: a signal handled inside it (SIGTERM) leaves the clock locked
+                self._held.append(i)
             try:
                 self._lock_device(device, int(mhz))
-                if i not in self._held:
-                    self._held.append(i)
             except Exception as e:
+                if newly:  # an error, not a signal: the device was not locked
+                    self._held.remove(i)
                 why = next((w for cls in type(e).__mro__ if (w := _DENIED.get(cls.__name__))), None)
                 if why is None:
                     raise
@@ -288,8 +291,9 @@ class NVMLFrequencyController(DeviceLockController):
         try:
             if cfg.devices:
                 handles = [pynvml.nvmlDeviceGetHandleByIndex(int(i)) for i in cfg.devices]
-            else:
-                handles = [nvml_handle(pynvml, own_cuda_index())]
+            else:  # the GPU the backend measures: its hardware.nvml_index where one is set
+                override = int(getattr(getattr(backend, "cfg", None), "nvml_index", -1))
+                handles = [nvml_handle(pynvml, own_cuda_index(), override)]
             super().__init__(handles, backend)
         except Exception:  # no such GPU: NVML is not left initialised by an object nobody can close
             self._open = False

@@ -116,13 +116,16 @@ class PlanExecutor:
 
     def reset(self) -> None:
         """Give the clocks back (unlocked) once the last instruction's queued kernels ran at its clock;
-        the next ``begin`` locks again."""
-        if self._locked is not None:
-            self.sync()
-        self._locked = None
-        self.current = None
-        self._settings = {}
-        self.controller.reset()
+        the next ``begin`` locks again. The clocks are given back even if the sync fails: after a sticky
+        CUDA error every sync raises, and the GPU would stay locked."""
+        try:
+            if self._locked is not None:
+                self.sync()
+        finally:
+            self._locked = None
+            self.current = None
+            self._settings = {}
+            self.controller.reset()
 
     def __enter__(self) -> "PlanExecutor":
         return self

@@ -27,6 +27,7 @@ fetched before the hooks: the first forward step that sees such a config or a ``
 """
 from __future__ import annotations
 
+import sys
 from collections import deque
 from contextlib import contextmanager
 from typing import Any, Iterator
@@ -213,4 +214,7 @@ def plan_hooks(executor: PlanExecutor, schedules: Any = None, config: Any = None
         mod.forward_step, mod.backward_step = orig_forward, orig_backward
         for name, orig in orig_schedules.items():
             setattr(mod, name, orig)
-        executor.reset()  # no hook switches clocks any more: give them back
+        # no hook switches clocks any more: give them back, without hiding the training step's own error
+        from kareus.profiler.frequency import reset_while_unwinding
+
+        reset_while_unwinding(executor.reset, sys.exc_info()[0])
