@@ -59,6 +59,7 @@ def test_attention_shape_recovers_sequence_and_heads(bwd):
 def test_memory_ops_and_comm_ops():
     op = memory("norm", OpKind.NORM, 1000, 4, 3)
     assert kernel_kind(op) == "memory" and memory_elements(op) == 1000
+    assert memory_elements(op, item_bytes=4) == 500  # hardware.dtype=float32: the same bytes, half the elements
     assert kernel_kind(gemm("g", 8, 8, 8)) == "gemm"
     with pytest.raises(ValueError, match="comm op"):
         kernel_kind(comm("ar", Collective.ALL_REDUCE, 1e6, 2, Link.NVLINK))

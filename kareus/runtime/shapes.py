@@ -110,9 +110,10 @@ def attention_shape(op: Op, head_dim: int = 128) -> AttentionShape:
     return AttentionShape(1, max(1, int(round(heads))), _round8(seq), head_dim, backward)
 
 
-def memory_elements(op: Op, passes: int = 3) -> int:
-    """Elements per tensor of a memory-bound kernel that reads two and writes one tensor (op.bytes)."""
-    return max(1, int(math.ceil(op.bytes / (passes * BF16_BYTES))))
+def memory_elements(op: Op, passes: int = 3, item_bytes: int = BF16_BYTES) -> int:
+    """Elements per tensor of a memory-bound kernel that reads two and writes one tensor (op.bytes) of
+    ``item_bytes`` each (the kernel's dtype): the op's bytes move whatever the dtype."""
+    return max(1, int(math.ceil(op.bytes / (passes * item_bytes))))
 
 
 def kernel_kind(op: Op) -> str:
