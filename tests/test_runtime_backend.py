@@ -372,6 +372,8 @@ def test_device_check_dry_run_on_cpu_writes_its_summary(tmp_path, monkeypatch, c
     assert summary["passed"] and summary["mode"] == "cpu"
     assert {"partitions", "overlap"} <= set(summary["checks"])
     assert summary["checks"]["partitions"]["backend"].startswith("cpu:")  # the thermal anchors' key
+    assert summary["checks"]["e2e"]["simulated"] is True  # the run's own label travels with its numbers
+    assert summary["gemm_beside_copy"]["gemm"] == "64^3 x 4"  # what ran: --cpu scales every dimension by 1/8
     assert json.loads(capsys.readouterr().out)["checks"]["partitions"]["ok"]
     if not torch.cuda.is_available():  # without --cpu, a machine with no GPU fails the check
         monkeypatch.setattr("sys.argv", ["device_check.py", "--window", "0.02"])
