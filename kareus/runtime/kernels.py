@@ -39,7 +39,7 @@ def build_kernel(op: Op, device: Any, dtype: Any, head_dim: int = 128, scale: fl
         return lambda: torch.matmul(a, b, out=c)
     if kind == "attention":
         return _attention(op, device, dtype, head_dim, scale)
-    numel = max(1, int(memory_elements(op, item_bytes=torch.empty((), dtype=dtype).element_size()) * scale))
+    numel = max(1, int(memory_elements(op, item_bytes=dtype.itemsize) * scale))
     x = torch.randn(numel, device=device, dtype=dtype)
     y = torch.randn(numel, device=device, dtype=dtype)
     z = torch.empty(numel, device=device, dtype=dtype)
