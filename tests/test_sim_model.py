@@ -224,7 +224,7 @@ def test_host_bound_ops_leave_the_gpu_idle(cfg):
     tiny = tuple(Op(f"e{i}", OpKind.ELEMENTWISE, bytes=1e5) for i in range(6))  # microseconds of GPU work
     fast = simulate(dataclasses.replace(cfg, host_elementwise_s=1e-5, host_tail_s=0.0), tiny, None, 1410, 0, None, None, host_gap=False)
     slow = simulate(dataclasses.replace(cfg, host_elementwise_s=2e-4, host_tail_s=0.0), tiny, None, 1410, 0, None, None, host_gap=False)
-    assert slow.time_s >= 6 * 2e-4 * cfg.host_scale  # the host, not the GPU, sets the pace
+    assert slow.time_s == pytest.approx(6 * 2e-4 * cfg.host_scale)  # the host, not the GPU, sets the pace
     assert slow.time_s > 5 * fast.time_s
 
 
@@ -319,3 +319,39 @@ def test_a_thermal_loop_gain_of_one_or_more_is_refused():
     assert not sim_config().problems()
     problems = sim_config(thermal_r_c_per_w=0.2, static_temp_coeff=0.06).problems()  # gain 1.02
     assert any("must be below 1 (thermal runaway)" in p for p in problems)
+
+
+def test_a_host_bound_call_s_compute_tail_hides_under_the_next_call_s_issue(cfg):
+    """Back to back, a host-bound call's last kernels run while the host issues the next call, so the
+    call costs the host's time, not the host's time plus its compute tail: raising the clock across
+    the switch from GPU-bound to host-bound never slows the chain."""
+    tiny = tuple(Op(f"e{i}", OpKind.ELEMENTWISE, bytes=1e5) for i in range(8))
+    gemm = Op("g", OpKind.GEMM, flops=1.6e11, bytes=3e7)
+    chain = tiny + (gemm,)
+    host = sum(host_cost(cfg, o) for o in chain) + cfg.host_tail_s * cfg.host_scale
+    low, high = (simulate(cfg, chain, None, f, 0, None, None) for f in (810, 1410))
+    assert op_times(cfg, gemm, 810, cfg.sms)[0] > host > op_times(cfg, gemm, 1410, cfg.sms)[0]  # crosses
+    assert high.time_s == pytest.approx(host) and high.time_s < low.time_s
+
+
+@pytest.mark.parametrize("name", ["a100_sim", "h100_sim", "h200_sim"])
+def test_simulated_times_keep_their_order_across_clocks_and_overlap(name):
+    """On every llama3.2-3b partition: a higher clock never slows the chain, a sequential call takes
+    at least its chain and its comm, and an overlapped one at least the longer of the two."""
+    c = sim_config(name)
+    clocks = sorted({*range(c.min_mhz, c.max_mhz + 1, 60), c.max_mhz})
+    for t in llama_partitions().types:
+        prev = 0.0
+        for f in sorted(clocks, reverse=True):
+            chain = simulate(c, t.compute, None, f, 0, None, None).time_s
+            assert chain >= prev * (1 - 1e-9), (t.key, f)
+            prev = chain
+            if t.comm is None:
+                continue
+            for sms in (2, 8, 24):
+                alone = comm_time(c, t.comm, sms, f)
+                seq = simulate(c, t.compute, t.comm, f, sms, None, t.join).time_s
+                assert seq >= max(chain, alone) * (1 - 1e-9), (t.key, f, sms)
+                for s in t.slots:
+                    o = simulate(c, t.compute, t.comm, f, sms, s.start, t.join).time_s
+                    assert o >= max(chain, alone) * (1 - 1e-9), (t.key, s.label, f, sms)

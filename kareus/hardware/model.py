@@ -5,7 +5,8 @@ benchmark can fit them. One partition execution is an event simulation of three 
 issuing ops in order (each op kind costs the framework some CPU time; a kernel cannot start before it
 is issued, so host-bound stretches leave the GPU idle), the compute stream, and the comm stream.
 Calls run back to back as Kareus issues them (``host_ahead``): a GPU-bound call's ops are issued
-before the GPU reaches them; a host-bound call's kernels start as the host issues them.
+before the GPU reaches them; a host-bound call's kernels start as the host issues them, and its last
+kernels run on while the host issues the next call.
 The comm kernel starts when the host issues it or, with ``comm_gated``, once the compute stream has
 finished the ops before its slot; it runs alone while the compute stream idles. While it runs beside a
 compute kernel, it holds ``sms`` SMs that the compute kernel loses (with wave quantization for GEMMs),
@@ -190,10 +191,11 @@ def _execute(
     idles ``host_gap_s`` (0 but for the harness, ``benchmarks/sim_fidelity.py``). Returns the outcome and
     whether the host's work outlasted the GPU's (host-bound).
 
-    ``hide_tail``: a host-bound call issued back to back. A comm joined at the chain's end that outlasts
-    the host's work runs on while the host issues the next call, whose kernels start only as issued, so
-    calls follow one another at the host's pace unless the comm stream itself takes longer per call (its
-    own run, start to end). Synced (the harness), the call ends with its comm.
+    ``hide_tail``: a host-bound call issued back to back. Its last compute kernels, and a comm joined at
+    the chain's end that outlasts the host's work, run on while the host issues the next call, whose
+    kernels start only as issued, so calls follow one another at the host's pace unless a stream itself
+    takes longer per call (the compute stream's busy time, or the comm's own run, start to end). Synced
+    (the harness), the call ends with its last kernel.
     """
     n = len(compute)
     psm = cfg.p_sm_w * sm_power_scale(cfg, mhz)  # W of all SMs at activity 1
@@ -232,6 +234,7 @@ def _execute(
     overlap = exposed = 0.0
     chain_traffic = 0.0  # bytes sent by collectives inside the chain
     t = 0.0  # the compute stream is free from t
+    host_wait = 0.0  # time the compute stream idles for the host's issue alone
 
     def run_alone(t0: float, t1: float) -> None:
         """The compute stream idles in [t0, t1): the comm, if started, runs alone."""
@@ -251,10 +254,13 @@ def _execute(
             ready = max(comm_issue, t)
         if has_comm and ((seq and k == 0) or (join is not None and k == join + 1)):
             run_alone(t, math.inf)  # the op after the join waits for the comm
-            begin = max(t, issue[k], comm_end)
+            free = max(t, comm_end)
+            begin = max(free, issue[k])
         else:
-            begin = max(t, issue[k])
+            free = t
+            begin = max(free, issue[k])
             run_alone(t, begin)
+        host_wait += begin - free
         if op.is_comm:
             # a collective in the chain itself (residual work: pipeline send/recv, the embedding's and
             # the loss's collectives) runs alone on the stream at the comm library's default SMs
@@ -315,7 +321,9 @@ def _execute(
     # After a synced call the GPU idles for the harness's per-call host work (``host_gap_s``; 0 back to
     # back); a comm joined at the chain's end keeps running through it.
     gap = cfg.host_gap_s if host_gap else 0.0
-    end = max(t, host_end)
+    # Back to back, a host-bound call's compute tail runs while the host issues the next call: calls
+    # follow at the host's pace unless the compute stream's own busy time per call is longer.
+    end = max(t - host_wait, host_end) if hide_tail else max(t, host_end)
     if rem > 0.0:
         run_alone(t, math.inf)
         exposed -= max(0.0, min(comm_end, end + gap) - max(end, ready))  # hidden in the gap
