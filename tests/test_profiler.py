@@ -665,6 +665,54 @@ def test_nvml_controller_locks_the_gpu_the_backend_names_by_nvml_index(monkeypat
     assert [c[1] for c in calls if isinstance(c, tuple)] == ["nvml1", "nvml1"]  # locked, then reset
 
 
+def _zeus_with_handles(monkeypatch, calls: list) -> None:
+    """Zeus's GPUs over NVML handles in NVML order (no CUDA_VISIBLE_DEVICES): member i holds ``nvml{i}``."""
+    _fake_zeus(monkeypatch, calls)
+    _fake_nvml(monkeypatch, [])
+    gpus = sys.modules["zeus.device"].get_gpus
+    for i, gpu in enumerate(gpus.gpus):
+        gpu.handle = f"nvml{i}"
+    monkeypatch.setattr(gpus, "gpus", list(gpus.gpus))
+
+
+@pytest.mark.parametrize("handles", [True, False])
+def test_zeus_controller_locks_the_gpu_the_backend_names_by_nvml_index(monkeypatch, handles):
+    """As with NVML: hardware.nvml_index names the GPU the backend reads, and Zeus's controller locked
+    the CUDA device's own GPU instead (LOCAL_RANK 0 here, NVML GPU 1 named)."""
+    calls: list = []
+    (_zeus_with_handles if handles else _fake_zeus)(monkeypatch, calls)
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "" if handles else "3,1")
+    backend = types.SimpleNamespace(cfg=types.SimpleNamespace(nvml_index=1), set_clock=lambda mhz: None,
+                                    gpu=types.SimpleNamespace(check_clock=lambda mhz: None))
+    with FREQUENCY_CONTROLLERS.build("zeus", backend, config={}) as ctl:
+        ctl.set(1005)
+    assert calls == [("lock", 1, 1005, 1005), ("reset", 1)]
+
+
+def test_zeus_refuses_an_nvml_index_it_does_not_see(monkeypatch):
+    from kareus.runtime.telemetry import zeus_index
+
+    calls: list = []
+    _fake_zeus(monkeypatch, calls)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+    with pytest.raises(ValueError, match=r"hardware.nvml_index: NVML GPU 2 is not among Zeus's GPUs"):
+        zeus_index(sys.modules["zeus.device"].get_gpus(), 0, 2)
+
+
+def test_zeus_energy_reads_the_gpu_the_backend_names_by_nvml_index(monkeypatch):
+    from kareus.runtime.telemetry import energy_meter
+
+    calls: list = []
+    _zeus_with_handles(monkeypatch, calls)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monitor = types.ModuleType("zeus.monitor")
+    monitor.ZeusMonitor = lambda gpu_indices, **kw: types.SimpleNamespace(gpu_indices=gpu_indices)
+    monkeypatch.setitem(sys.modules, "zeus.monitor", monitor)
+    assert energy_meter("zeus", None, 0, 1).monitor.gpu_indices == [1]
+    assert energy_meter("zeus", None, 0).monitor.gpu_indices == [0]
+
+
 def test_a_signal_handled_inside_the_lock_call_still_resets_that_gpu(monkeypatch):
     """pynvml's lock is Python around the driver call: a SIGTERM handled inside it raised SystemExit
     after the clock was locked, before the controller counted the GPU as held, so nothing reset it."""

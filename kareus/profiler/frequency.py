@@ -335,7 +335,12 @@ class ZeusFrequencyController(DeviceLockController):
 
         self.cfg = cfg
         self._gpus = get_gpus()
-        super().__init__(list(cfg.devices) if cfg.devices else [zeus_index(self._gpus, own_cuda_index())], backend)
+        if cfg.devices:
+            devices = list(cfg.devices)
+        else:  # the GPU the backend measures: its hardware.nvml_index where one is set
+            override = int(getattr(getattr(backend, "cfg", None), "nvml_index", -1))
+            devices = [zeus_index(self._gpus, own_cuda_index(), override)]
+        super().__init__(devices, backend)
 
     def _call(self, method: str, index: int, *args: int) -> None:
         gpus = self._gpus

@@ -274,7 +274,7 @@ class CudaBackend(LockedClock):
         if not self.cuda:
             return NoEnergy("energy is unavailable on device cpu (no GPU energy counter)"), ""
         try:
-            meter = energy_meter(self.cfg.energy, self.nvml, index)
+            meter = energy_meter(self.cfg.energy, self.nvml, index, int(self.cfg.nvml_index))
         except ImportError as e:
             return NoEnergy(str(e)), (f"hardware.energy: {self.cfg.energy} needs the zeus package ({e}); install "
                                       f"it with pip install -e '.[runtime]', or use hardware.energy=nvml")

@@ -85,14 +85,17 @@ def nvml_index(cuda_index: int, override: int = -1) -> int:
         pynvml.nvmlShutdown()
 
 
-def zeus_index(gpus: Any, cuda_index: int) -> int:
+def zeus_index(gpus: Any, cuda_index: int, override: int = -1) -> int:
     """Index of a CUDA device among Zeus's GPUs (``zeus.device.get_gpus()``), matched by UUID.
 
     Zeus numbers the CUDA_VISIBLE_DEVICES entries (or every NVML GPU) in NVML order; where it exposes
-    NVML handles the entry with this device's UUID is taken, else the CUDA index.
+    NVML handles the entry with this device's UUID is taken, else the CUDA index. ``override`` >= 0
+    names the GPU by its NVML index (``hardware.nvml_index``), as :func:`nvml_handle` takes it.
     """
-    uuid = cuda_uuid(cuda_index)
     members = getattr(gpus, "gpus", None)
+    if override >= 0:
+        return _zeus_index_of_nvml(members, int(override))
+    uuid = cuda_uuid(cuda_index)
     if uuid is None or members is None:
         return int(cuda_index)
     import pynvml
@@ -105,6 +108,28 @@ def zeus_index(gpus: Any, cuda_index: int) -> int:
         if (found.decode() if isinstance(found, bytes) else str(found)) == uuid:
             return i
     return int(cuda_index)
+
+
+def _zeus_index_of_nvml(members: Any, nvml_index: int) -> int:
+    """Zeus's index of the GPU NVML numbers ``nvml_index``: by its handle where Zeus exposes one, else
+    by its place among numeric CUDA_VISIBLE_DEVICES entries (every NVML GPU, in order, when unset)."""
+    handles = [getattr(gpu, "handle", None) for gpu in members or ()]
+    if handles and all(h is not None for h in handles):
+        import pynvml
+
+        for i, handle in enumerate(handles):
+            if int(pynvml.nvmlDeviceGetIndex(handle)) == nvml_index:
+                return i
+    else:
+        vis = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+        if not vis:
+            return nvml_index
+        entries = [p.strip() for p in vis.split(",")]
+        if str(nvml_index) in entries:
+            return entries.index(str(nvml_index))
+    raise ValueError(f"hardware.nvml_index: NVML GPU {nvml_index} is not among Zeus's GPUs "
+                     f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')!r}); "
+                     f"allowed: an NVML index Zeus sees, or -1 for this process's own GPU")
 
 
 class NVMLDevice:
@@ -208,11 +233,11 @@ class ZeusEnergy:
 
     name = "zeus"
 
-    def __init__(self, cuda_index: int) -> None:
+    def __init__(self, cuda_index: int, nvml_override: int = -1) -> None:
         from zeus.device import get_gpus
         from zeus.monitor import ZeusMonitor
 
-        gpu_index = zeus_index(get_gpus(), cuda_index)
+        gpu_index = zeus_index(get_gpus(), cuda_index, nvml_override)
         self.gpu_index = gpu_index
         self.monitor = ZeusMonitor(gpu_indices=[gpu_index], cpu_indices=[], sync_execution_with="torch")
         self._n = 0
@@ -226,13 +251,14 @@ class ZeusEnergy:
         return float(m.gpu_energy[self.gpu_index])
 
 
-def energy_meter(kind: str, device: NVMLDevice | None, cuda_index: int) -> Any:
-    """The configured meter, or a NoEnergy that says why none is available."""
+def energy_meter(kind: str, device: NVMLDevice | None, cuda_index: int, nvml_override: int = -1) -> Any:
+    """The configured meter, or a NoEnergy that says why none is available. ``nvml_override`` >= 0 is
+    ``hardware.nvml_index``: the GPU to read, by NVML index (``device`` is already that GPU)."""
     if kind == "none":
         return NoEnergy("energy metering is off (hardware.energy=none)")
     if kind == "zeus":
         try:
-            return ZeusEnergy(cuda_index)
+            return ZeusEnergy(cuda_index, nvml_override)
         except ImportError:
             raise
         except Exception as e:  # e.g. Zeus reads CUDA_VISIBLE_DEVICES as integers: UUIDs and MIG fail
