@@ -101,6 +101,18 @@ def test_igd_plus():
     assert igd_plus(np.empty((0, 2)), ref) == float("inf")
 
 
+def test_a_one_point_front_scores_the_same_in_any_unit():
+    """A front of one point spans nothing: its scale is its own size, not one unit of whatever unit."""
+    front, found = np.array([[2e-3, 10.0]]), np.array([[2.2e-3, 10.5]])
+
+    def ratio(scale):
+        f, g = front * scale, found * scale
+        return hypervolume(normalise(g, f[0], f[0]), (1.1, 1.1)) / hypervolume(normalise(f, f[0], f[0]), (1.1, 1.1))
+
+    assert ratio(np.array([1e3, 1.0])) == pytest.approx(ratio(np.array([1.0, 1e-3])))  # ms and J, s and kJ
+    assert 0 < ratio(np.array([1.0, 1.0])) < 1
+
+
 def test_normalise_maps_ideal_and_nadir():
     out = normalise([[2.0, 10.0], [4.0, 30.0]], ideal=(2.0, 10.0), nadir=(4.0, 30.0))
     np.testing.assert_allclose(out, [[0, 0], [1, 1]])

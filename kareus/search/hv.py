@@ -68,9 +68,10 @@ def igd_plus(approx, reference) -> float:
 
 
 def normalise(points, ideal, nadir) -> np.ndarray:
-    """Scale so that ``ideal`` maps to 0 and ``nadir`` to 1 in each objective."""
+    """Scale so that ``ideal`` maps to 0 and ``nadir`` to 1 in each objective. An objective whose front
+    spans nothing (one point) is scaled by its own magnitude, so a score never depends on its unit."""
     p = _as_points(points)
     ideal = np.asarray(ideal, dtype=float)
     span = np.asarray(nadir, dtype=float) - ideal
-    span = np.where(span > 0, span, 1.0)
+    span = np.where(span > 0, span, np.where(np.abs(ideal) > 0, np.abs(ideal), 1.0))
     return (p - ideal) / span
