@@ -97,16 +97,30 @@ def test_a_layout_whose_weights_and_gradients_overflow_the_gpu_is_refused():
 
 
 def test_a_layout_whose_layer_inputs_overflow_the_gpu_is_refused():
-    """Full recompute still keeps each layer's input for every microbatch in flight: 8 layers x 10
-    microbatches x 4096 x 8 x 8192 bf16 values on llama3.3-70b's first stage of ten, 43 GB."""
-    assert problems(base=("+model=llama3.3-70b", "parallel=pp10_tp8")) == [
-        "parallel: llama3.3-70b on tp=8 pp=10 keeps at least 43 GB of layer inputs for 10 microbatches in flight "
-        "on stage 0, 47 GB with its weights and gradients, more than A100-SXM4-40GB's 40 GB; lower "
-        "parallel.micro_batch_size or parallel.seq_len, raise parallel.cp, shard them over tp with "
-        "parallel.sequence_parallel=true, or give stage 0 fewer layers with parallel.layer_split"]
-    fits = ("parallel.sequence_parallel=true", "parallel.micro_batch_size=4", "parallel.seq_len=2048", "hardware=h100_sim")
+    """Full recompute in chunks of c layers keeps each chunk's input for every microbatch in flight, and
+    the chunk being recomputed its other layers' inputs: on llama3.3-70b's first stage of ten (8 layers,
+    10 microbatches) one chunk of 8 keeps least, 10 + 7 inputs of 32768 x 8 x 8192 bf16 values, 73 GB."""
+    base = ("+model=llama3.3-70b", "parallel=pp10_tp8", "parallel.seq_len=32768")
+    assert problems(base=base) == [
+        "parallel: llama3.3-70b on tp=8 pp=10 keeps at least 73 GB of layer inputs for 10 microbatches in flight "
+        "on stage 0 (full recompute in chunks of 8 layers, the least any chunking keeps), 77 GB with its weights "
+        "and gradients, more than A100-SXM4-40GB's 40 GB; lower parallel.micro_batch_size or parallel.seq_len, "
+        "raise parallel.cp, shard them over tp with parallel.sequence_parallel=true, or give stage 0 fewer "
+        "layers with parallel.layer_split"]
+    fits = ("parallel.sequence_parallel=true", "parallel.micro_batch_size=2", "parallel.seq_len=8192", "hardware=h100_sim")
     for change in fits:
-        assert problems(change, base=("+model=llama3.3-70b", "parallel=pp10_tp8")) == [], change
+        assert problems(change, base=base) == [], change
+
+
+def test_the_recompute_chunk_that_keeps_least_sets_the_bound():
+    """One input per layer (chunks of one) is the most full recompute keeps, not the least: 8 layers and
+    10 microbatches in flight keep 80 inputs that way, 17 with one chunk of 8 (10 chunk inputs, 7 inside)."""
+    from kareus.workload.memory import least_layer_inputs
+
+    assert least_layer_inputs(8, 10) == (17, 8)
+    assert least_layer_inputs(8, 1) == (5, 2)  # one microbatch: 4 chunk inputs and 1 inside, not 8 inputs
+    assert least_layer_inputs(28, 1)[0] == min(-(-28 // c) + c - 1 for c in range(1, 29)) == 10
+    assert least_layer_inputs(0, 4) == (0, 0)
 
 
 def test_micro_batch_must_split_into_nanobatches():

@@ -6,9 +6,12 @@ planning it would produce plans nobody can run. Counts follow megatron-core's GP
 over tp; the norms are replicated; the embedding sits on the first stage and the output layer on the
 last (one matrix when the two are tied on a single stage), the vocabulary padded as Megatron pads it.
 
-Activations add the least any recompute setting keeps: each layer's input for every microbatch in
-flight (1F1B holds ``pp - stage`` of them on a stage at its peak). Full recompute keeps just that;
-anything less keeps more.
+Activations add the least any recompute setting keeps. Full recompute in chunks of ``c`` layers
+(megatron-core's uniform method, ``recompute_num_layers=c``) keeps each chunk's input for every
+microbatch in flight (1F1B holds ``pp - stage`` of them on a stage at its peak), and while one chunk
+is recomputed for its backward, the inputs of its other ``c - 1`` layers beside them (besides
+everything else those layers save). The bound takes the chunk size that keeps least; less recompute
+keeps more.
 """
 from __future__ import annotations
 
@@ -65,13 +68,28 @@ def stage_parameters(model: Any, parallel: Any) -> list[float]:
     return out
 
 
+def in_flight(parallel: Any, stage: int) -> int:
+    """Microbatches whose activations a stage holds at its 1F1B peak."""
+    return min(parallel.pp - stage, parallel.num_microbatches)
+
+
+def least_layer_inputs(layers: int, microbatches: int) -> tuple[int, int]:
+    """(layer inputs held at the peak, the chunk size that holds them) of full recompute over ``layers``
+    layers in chunks of the size that keeps least: each chunk's input per microbatch in flight, plus the
+    other layers' inputs of the one chunk being recomputed."""
+    if layers <= 0:
+        return 0, 0
+    return min((-(-layers // c) * microbatches + c - 1, c) for c in range(1, layers + 1))
+
+
 def stage_activation_bytes(model: Any, parallel: Any) -> list[float]:
-    """Bytes of checkpointed layer inputs on one GPU of each stage at its 1F1B peak: every layer's bf16
-    input ([seq / cp (/ tp under sequence parallelism), micro-batch, hidden]) per microbatch in flight."""
+    """Bytes of layer inputs on one GPU of each stage at its 1F1B peak under the least-keeping full
+    recompute (``least_layer_inputs``): bf16 [seq / cp (/ tp under sequence parallelism), micro-batch,
+    hidden] each."""
     split = stage_layers(model, parallel)
     sp = parallel.tp if parallel.sequence_parallel and parallel.tp > 1 else 1
     per_layer = parallel.seq_len / parallel.cp / sp * parallel.micro_batch_size * model.hidden_size * BYTES
-    return [layers * min(parallel.pp - i, parallel.num_microbatches) * per_layer for i, layers in enumerate(split)]
+    return [least_layer_inputs(layers, in_flight(parallel, i))[0] * per_layer for i, layers in enumerate(split)]
 
 
 def memory_problem(model: Any, parallel: Any, gpu_name: str, memory_gb: float) -> str | None:
@@ -92,8 +110,10 @@ def memory_problem(model: Any, parallel: Any, gpu_name: str, memory_gb: float) -
     # (up to num_microbatches); fewer layers on the fullest stage do
     sp_hint = ", shard them over tp with parallel.sequence_parallel=true" if (
         parallel.tp > 1 and not parallel.sequence_parallel) else ""
+    chunk = least_layer_inputs(stage_layers(model, parallel)[stage], in_flight(parallel, stage))[1]
     return (f"parallel: {where} keeps at least {acts[stage] / 1e9:.0f} GB of layer inputs for "
-            f"{min(parallel.pp - stage, parallel.num_microbatches)} microbatches in flight on stage {stage}, "
+            f"{in_flight(parallel, stage)} microbatches in flight on stage {stage} (full recompute in chunks of "
+            f"{chunk} layers, the least any chunking keeps), "
             f"{totals[stage]:.0f} GB with its weights and gradients, more than {gpu_name}'s {memory_gb:g} GB; "
             f"lower parallel.micro_batch_size or parallel.seq_len, raise parallel.cp{sp_hint}, or give stage "
             f"{stage} fewer layers with parallel.layer_split")
