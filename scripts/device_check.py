@@ -122,7 +122,9 @@ def check_partitions(backend: Any, parts: dict[str, Any], window_s: float, power
             ok &= good
             rows.append({"partition": key, "slot": slot, "ok": good, "time_ms": round(r.time_s * 1e3, 4),
                          "energy_j": round(r.energy_j, 5) if r.ok else None, "power_w": round(power, 1) if r.ok else None,
-                         "sm_clock_mhz": r.freq_mhz, "temperature_c": r.temperature_c, "executions": r.executions,
+                         # read from the GPU; on the CPU they are the backend's placeholders, so none is shown
+                         "sm_clock_mhz": r.freq_mhz if backend.cuda else None,
+                         "temperature_c": r.temperature_c if backend.cuda else None, "executions": r.executions,
                          "error": r.error})
     return {"ok": ok, "backend": backend.name, "power_bounds_w": [round(0.8 * idle_w, 1), round(1.1 * power_limit_w, 1)],
             "rows": rows}

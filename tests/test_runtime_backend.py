@@ -374,6 +374,8 @@ def test_device_check_dry_run_on_cpu_writes_its_summary(tmp_path, monkeypatch, c
     assert summary["checks"]["partitions"]["backend"].startswith("cpu:")  # the thermal anchors' key
     assert summary["checks"]["e2e"]["simulated"] is True  # the run's own label travels with its numbers
     assert summary["gemm_beside_copy"]["gemm"] == "64^3 x 4"  # what ran: --cpu scales every dimension by 1/8
+    rows = summary["checks"]["partitions"]["rows"]  # no GPU to read a clock or a temperature from
+    assert rows and all(r["sm_clock_mhz"] is None and r["temperature_c"] is None for r in rows)
     assert json.loads(capsys.readouterr().out)["checks"]["partitions"]["ok"]
     if not torch.cuda.is_available():  # without --cpu, a machine with no GPU fails the check
         monkeypatch.setattr("sys.argv", ["device_check.py", "--window", "0.02"])
