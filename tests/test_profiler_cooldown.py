@@ -176,6 +176,7 @@ def test_config_checks_and_registration():
     assert "thermal" in COOLDOWNS
     bad = ThermalCooldownConfig(anchor_window_s=0, growth=0.5, hot_frac=2.0, max_anchors=1, max_failed_anchors=-1)
     assert len(bad.problems()) == 4
+    assert ThermalCooldownConfig(max_failed_anchors=0).problems()  # spent before its first anchor
     assert ThermalCooldownConfig().problems() == []
     probs = ProfilerConfig(cooldown={"name": "thermal", "max_anchors": 0}).problems()
     assert any("max_anchors" in p for p in probs)

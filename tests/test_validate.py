@@ -599,7 +599,16 @@ def test_profiler_rule(override, line):
      "profiler.cooldown.reference_mhz: A100-SXM4-40GB has no locked clock 1407 MHz (210..1410 in 15 MHz steps)"),
     (("profiler/cooldown=compensated",), "profiler.cooldown.probe_clocks=[1410,1001]",
      "profiler.cooldown.probe_clocks: A100-SXM4-40GB has no locked clock 1001 MHz (210..1410 in 15 MHz steps)"),
-], ids=["fixed", "fixed-inf", "temperature", "predictive", "thermal-off-grid", "compensated-off-grid"])
+    # policies that would silently neither cool nor correct: spent before the first anchor, or windows
+    # the energy counter cannot resolve
+    (("profiler/cooldown=thermal",), "profiler.cooldown.max_failed_anchors=0",
+     "profiler.cooldown.max_anchors >= 2, min_fit_windows >= 3 and max_failed_anchors >= 1 are required"),
+    (("profiler/cooldown=thermal",), "profiler.cooldown.anchor_window_s=0.05",
+     "profiler.cooldown.anchor_window_s=0.05 is shorter than profiler.min_window_s=0.5; allowed: at least 0.5 s"),
+    (("profiler/cooldown=compensated",), "profiler.cooldown.probe_window_s=0.3",
+     "profiler.cooldown.probe_window_s=0.3 is shorter than profiler.min_window_s=0.5; allowed: at least 0.5 s"),
+], ids=["fixed", "fixed-inf", "temperature", "predictive", "thermal-off-grid", "compensated-off-grid",
+        "thermal-spent", "thermal-short-anchor", "compensated-short-probe"])
 def test_cooldown_rule(groups, override, line):
     assert problems(*groups, override) == [line]
 

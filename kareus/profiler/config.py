@@ -40,7 +40,25 @@ class ProfilerConfig:
         if self.min_window_s > self.target_window_s:
             out.append(f"profiler.min_window_s={self.min_window_s} exceeds target_window_s={self.target_window_s}")
         out += _component_problems("profiler.cooldown", self.cooldown, "COOLDOWNS", ctx)
+        out += self._short_cooldown_windows()
         out += _component_problems("profiler.frequency", self.frequency, "FREQUENCY_CONTROLLERS", ctx)
+        return out
+
+
+    def _short_cooldown_windows(self) -> list[str]:
+        """A policy's own windows (thermal anchors, the compensated probe) shorter than a profiling
+        window: the energy counter's steps skew them, and below its period every read fails, which
+        silently leaves the policy neither cooling nor correcting."""
+        try:
+            sec = section(self.cooldown)
+        except TypeError:
+            return []  # reported with the section
+        out = []
+        for key in ("anchor_window_s", "probe_window_s"):
+            v = sec.get(key)
+            if isinstance(v, (int, float)) and 0 < v < self.min_window_s:
+                out.append(f"profiler.cooldown.{key}={v:g} is shorter than profiler.min_window_s={self.min_window_s:g}; "
+                           f"allowed: at least {self.min_window_s:g} s")
         return out
 
 

@@ -366,8 +366,9 @@ class ThermalCooldownConfig:
             out.append("growth must be >= 1 and min_step_c >= 0")
         if not 0 < self.hot_frac <= 1 or self.target_rel_se <= 0 or self.noise_floor <= 0:
             out.append("hot_frac must be in (0, 1], target_rel_se and noise_floor > 0")
-        if self.max_anchors < 2 or self.min_fit_windows < 3 or self.max_failed_anchors < 0:
-            out.append("max_anchors >= 2, min_fit_windows >= 3 and max_failed_anchors >= 0 are required")
+        if self.max_anchors < 2 or self.min_fit_windows < 3 or self.max_failed_anchors < 1:
+            # 0 failed anchors allowed would spend the policy before its first anchor: no cooldown, no correction
+            out.append("max_anchors >= 2, min_fit_windows >= 3 and max_failed_anchors >= 1 are required")
         return out + _clock_problems(ctx, "reference_mhz", [self.reference_mhz] if self.reference_mhz else [])
 
 
