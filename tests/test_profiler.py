@@ -179,6 +179,10 @@ def test_journal_answers_without_remeasuring(tmp_path):
     assert be2.measure_calls == 0 and be2.now() == 0.0
     assert all(ev.cached for ev in events) and [ev.index for ev in events] == [0, 1]
     assert prof2.gpu_seconds(PART.key) == pytest.approx(spent)  # journaled cost carried over
+    prof2.evaluator(PART)([cand()], None)  # asked again: answered, not charged again
+    prof.evaluator(PART)([cand(sms=8)], None)
+    assert prof2.gpu_seconds(PART.key) == pytest.approx(spent) == prof.gpu_seconds(PART.key)
+    assert events[-1].cached and events[-1].gpu_seconds == pytest.approx(spent)
 
 
 def test_failed_reads_retried_then_recorded_failed(tmp_path):

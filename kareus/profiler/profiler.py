@@ -112,8 +112,9 @@ class Profiler:
             if hit is None:
                 self._record(m, cost)
                 self.measured += 1
-            self._spent[cand.partition] = self._spent.get(cand.partition, 0.0) + cost
-            self._costs.setdefault(cand.key, cost)
+            if cand.key not in self._costs:  # asked again: answered from the journal without charge
+                self._spent[cand.partition] = self._spent.get(cand.partition, 0.0) + cost
+                self._costs[cand.key] = cost
             index = self._index.get(cand.partition, 0)
             self._index[cand.partition] = index + 1
             ann = annotation or {}
