@@ -179,3 +179,24 @@ def test_converting_a_folder_that_is_not_the_recorded_tables_says_why_and_writes
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("python -m kareus.hardware.tables: error: src: ") and says in err[-1], err
     assert not (tmp_path / "out").exists()  # no folder, no half-written table
+
+
+@pytest.mark.parametrize("where", ["under_a_file", "a_folder"])
+def test_an_output_that_cannot_be_written_is_one_line_and_leaves_nothing(tmp_path, capsys, where):
+    """An out path under a file, or naming a folder, raised a traceback and left ``<out>.part`` behind."""
+    from kareus.hardware.tables import main
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "clock_default.csv").write_text(SOURCE_HEADER + "-1,-1,4,1024,0.001,2.0\n")
+    (src / "clock_1200mhz.csv").write_text(SOURCE_HEADER + "-1,-1,4,1024,0.001,2.0\n")
+    (tmp_path / "afile").write_text("")
+    out = tmp_path / "afile" / "t.csv" if where == "under_a_file" else tmp_path / "t.csv"
+    if where == "a_folder":
+        out.mkdir()
+    with pytest.raises(SystemExit) as e:
+        main([str(src), str(out)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("python -m kareus.hardware.tables: error: out: "), err
+    assert not list(tmp_path.rglob("*.part"))

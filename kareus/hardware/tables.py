@@ -152,15 +152,26 @@ def convert_a100_attention(src_dir: str | Path = DEFAULT_SRC, out_csv: str | Pat
             for key in dict.fromkeys(targets):
                 for i, (t, e) in enumerate(zip(r["times"], r["energies"])):
                     lines.append((key, r["start"], r["sms"], -mhz, i, window_slot(r["start"]), t, e))
-    out.parent.mkdir(parents=True, exist_ok=True)
     part = out.with_name(out.name + ".part")  # renamed when whole: a reader never sees half a table
-    with open(part, "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(["partition", "slot", "sms", "freq_mhz", "time_s", "energy_j", "repeat"])
-        for key, _, sms, neg_mhz, i, slot, t, e in sorted(lines):  # slots in chain order
-            w.writerow([key, slot, sms, -neg_mhz, f"{t:.9g}", f"{e:.9g}", i])
-    part.replace(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with open(part, "w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(["partition", "slot", "sms", "freq_mhz", "time_s", "energy_j", "repeat"])
+            for key, _, sms, neg_mhz, i, slot, t, e in sorted(lines):  # slots in chain order
+                w.writerow([key, slot, sms, -neg_mhz, f"{t:.9g}", f"{e:.9g}", i])
+        part.replace(out)
+    except BaseException as e:
+        if part.is_file():
+            part.unlink()  # nothing half-written stays behind
+        if isinstance(e, OSError):
+            raise OutputError(f"{e.filename or out}: {e.strerror or e}") from None
+        raise
     return out
+
+
+class OutputError(TableError):
+    """The converted table could not be written where asked."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print(convert_a100_attention(args.src, args.out))
     except TableError as e:
-        ap.error(f"src: {e}")
+        ap.error(f"{'out' if isinstance(e, OutputError) else 'src'}: {e}")
     return 0
 
 
