@@ -372,6 +372,19 @@ def test_a_replayed_table_with_clocks_the_gpu_cannot_lock_is_one_line(tmp_path):
     assert left_behind(tmp_path) == []
 
 
+def test_a_replayed_table_with_more_comm_sms_than_the_gpu_has_is_one_line(tmp_path):
+    """A row at 200 comm SMs on the 108-SM A100 was searched as any other setting."""
+    table = tmp_path / "table.csv"
+    table.write_text("partition,slot,sms,freq_mhz,time_s,energy_j\np,sequential,4,1410,0.001,1.0\n"
+                     "p,sequential,200,1410,0.001,1.0\n")
+    res = kareus(tmp_path, "hardware=replay", f"hardware.table={table}", "mode=search")
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert error_lines(res.stderr) == ["error: hardware: replay recorded comm SM counts 200, which A100-SXM4-40GB with "
+                                       "108 SMs cannot give a comm kernel (1..107); describe the GPU the table was "
+                                       "recorded on with hardware.gpu and hardware.sms"]
+    assert left_behind(tmp_path) == []
+
+
 def test_a_real_gpu_backend_without_a_gpu_is_one_line(tmp_path):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():

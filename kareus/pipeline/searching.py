@@ -43,6 +43,11 @@ def space_sizes(ctx: RunContext, backend: Any, partitions: Sequence[PartitionTyp
                           f"({ctx.gpu.min_mhz}..{ctx.gpu.max_mhz} in {ctx.gpu.step_mhz} MHz steps); describe the GPU "
                           f"the table was recorded on with hardware.gpu, hardware.min_mhz, hardware.max_mhz and "
                           f"hardware.step_mhz")
+    too_many = sorted({int(c.sms) for space in fixed.values() for c in space or () if c.sms >= ctx.gpu.sms})
+    if too_many:  # a comm on every SM leaves the compute none: not a setting of this GPU
+        raise KareusError(f"hardware: {ctx.hardware_name} recorded comm SM counts {', '.join(map(str, too_many[:6]))}, "
+                          f"which {ctx.gpu.name} with {ctx.gpu.sms} SMs cannot give a comm kernel (1..{ctx.gpu.sms - 1}); "
+                          f"describe the GPU the table was recorded on with hardware.gpu and hardware.sms")
     missing = [k for k, space in fixed.items() if space is not None and not space]
     if missing:  # a recorded table that lacks this workload's partitions: nothing to search or compose
         raise KareusError(f"hardware: {ctx.hardware_name} holds no measurements of partition(s) {', '.join(missing)}; "
