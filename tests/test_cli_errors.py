@@ -385,6 +385,28 @@ def test_a_replayed_table_with_more_comm_sms_than_the_gpu_has_is_one_line(tmp_pa
     assert left_behind(tmp_path) == []
 
 
+def test_a_ray_cluster_refusal_records_nothing(tmp_path):
+    """The Ray launcher checked its cluster inside the run, after MLflow had recorded it: the refusal
+    left runs/mlflow.db with a FAILED run and its config artifact."""
+    pytest.importorskip("ray")
+    res = kareus(tmp_path, "+model=tiny", "parallel=pp2_tp2", "progress=false", "launcher=ray",
+                 "launcher.gpus_per_task=1", timeout=300)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    lines = [ln for ln in error_lines(res.stderr) if "error" in ln.lower()]  # beside Ray's own start-up log
+    assert lines == ["error: launcher: a partition search needs 1 GPU(s) but the Ray cluster has 0; "
+                     "set launcher.gpus_per_task or add GPU nodes"]
+    assert left_behind(tmp_path) == []
+
+
+def test_a_forked_worker_leaves_sigterm_to_its_default():
+    """Forked workers inherited the CLI's SIGTERM handler: each stopped worker printed the resume line."""
+    code = ("import os, signal; signal.signal(signal.SIGTERM, lambda *a: None); "
+            "from kareus.launch.launchers import _worker_start; _worker_start(os.getppid()); "
+            "print(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "True", done.stderr[-2000:]
+
+
 def test_a_real_gpu_backend_without_a_gpu_is_one_line(tmp_path):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():

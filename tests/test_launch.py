@@ -94,6 +94,52 @@ def test_ray_launcher_matches_local(local_results, tmp_path):
     check_journal(path, results)
 
 
+def test_a_failed_ray_task_raises_its_own_error_and_stops_the_others(tmp_path):
+    """ray.get raised RayTaskError, whose text is Ray's coloured traceback (the CLI printed ~30 lines),
+    and the wait loop let every other search spend its whole budget first."""
+    from kareus.launch.launchers import _broken_amdsmi_shim
+    from kareus.types import Candidate
+
+    _broken_amdsmi_shim()
+    pytest.importorskip("ray")
+    tasks = sim_tasks(tmp_path / "journal.sqlite")
+    tasks[0].initial = [Candidate(tasks[0].partition.key, "nope", 1, 1)]  # this search fails at once
+    slow = {"name": "random", "budget": 400}  # the other would run for minutes
+    tasks[1] = PartitionSearchTask(**{**tasks[1].__dict__, "search": slow})
+    t0 = time.monotonic()
+    with pytest.raises(Exception) as err:
+        LAUNCHERS.build("ray", config={"num_cpus": 2, "num_gpus": 0}).run(tasks, listeners=[lambda e: None])
+    assert "RayTaskError" not in type(err.value).__name__ and len(str(err.value).splitlines()) == 1, str(err.value)
+    assert time.monotonic() - t0 < 60
+    with Journal.open(tmp_path / "journal.sqlite", _hash_of(tmp_path / "journal.sqlite")) as j:
+        assert len(j.measurements(tasks[1].partition.key)) < 400
+
+
+@pytest.mark.parametrize("config,says", [
+    ({"address": "auto"}, "launcher.address: auto: "),  # no cluster running on this machine
+    ({"num_cpus": 1, "num_gpus": 0, "cpus_per_task": 4}, "launcher.cpus_per_task: 4 CPUs per search, but the Ray "
+                                                           "cluster has 1"),
+])
+def test_a_ray_cluster_that_cannot_run_the_searches_is_one_line(tmp_path, config, says):
+    """No cluster at launcher.address was a ConnectionError traceback; more CPUs per search than the
+    cluster has left every task unscheduled, a silent hang."""
+    from kareus.errors import KareusError
+    from kareus.launch.launchers import _broken_amdsmi_shim
+
+    _broken_amdsmi_shim()
+    ray = pytest.importorskip("ray")
+    with pytest.raises(KareusError) as err:
+        LAUNCHERS.build("ray", config=config).check(sim_tasks(tmp_path / "j.sqlite"))
+    assert str(err.value).startswith(says) and "\n" not in str(err.value), str(err.value)
+    assert not ray.is_initialized()  # what the check started is shut down again
+
+
+def test_ray_resources_must_not_be_negative():
+    from kareus.launch.launchers import RayLauncherConfig
+
+    assert RayLauncherConfig(num_cpus=-1).problems() == ["num_cpus: must be >= 0, got -1"]
+
+
 _RAY_SIGTERM = """
 import os, signal, sys
 sys.path.insert(0, sys.argv[2])

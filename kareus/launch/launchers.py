@@ -49,6 +49,9 @@ class LocalLauncher:
     def __init__(self, cfg: LocalLauncherConfig) -> None:
         self.cfg = cfg
 
+    def check(self, tasks: Sequence[PartitionSearchTask]) -> None:
+        """Nothing to check: this process runs every task."""
+
     def run(self, tasks: Sequence[PartitionSearchTask], listeners: Sequence[Listener] = ()) -> list[SearchResult]:
         return [run_search_task(t, listeners) for t in tasks]
 
@@ -82,6 +85,9 @@ class ProcessLauncher:
 
     def __init__(self, cfg: ProcessLauncherConfig) -> None:
         self.cfg = cfg
+
+    def check(self, tasks: Sequence[PartitionSearchTask]) -> None:
+        """Nothing to check: any machine can start worker processes."""
 
     def run(self, tasks: Sequence[PartitionSearchTask], listeners: Sequence[Listener] = ()) -> list[SearchResult]:
         """Workers forward their events to ``listeners`` here, through a queue."""
@@ -144,6 +150,11 @@ def _python_signal_handlers_kept() -> Iterator[None]:
     kept = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
+    except SystemExit as err:  # a SIGTERM that Ray's Python handler, installed inside the block, took
+        handler = kept[signal.SIGTERM]
+        if err.code == signal.SIGTERM and callable(handler):
+            handler(signal.SIGTERM, None)  # Kareus' own stop: exit 143 with the resume line
+        raise
     finally:
         for signum, handler in kept.items():
             if handler is not None:  # None: a handler set outside Python, which Python cannot put back
@@ -175,6 +186,11 @@ def _stop_manager(manager: Any) -> None:
 
 def _worker_start(main_pid: int) -> None:
     """Initializer of the workers and of the process relaying their events."""
+    import signal
+
+    # a forked worker inherits the CLI's SIGTERM handler, and each stopped worker then printed the run's
+    # resume line itself; spawned ones start with the default, which a clock controller replaces as needed
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _leave_ctrl_c_to_the_parent()
     _die_with_the_parent(main_pid)
 
@@ -237,7 +253,7 @@ class RayLauncherConfig:
     shutdown: bool = True  # shut an embedded Ray down after the run
 
     def problems(self, ctx: Any = None) -> list[str]:
-        return out_of_bounds(self, nonnegative=("gpus_per_task", "cpus_per_task"))
+        return out_of_bounds(self, nonnegative=("gpus_per_task", "cpus_per_task", "num_cpus", "num_gpus"))
 
 
 def _broken_amdsmi_shim() -> str | None:
@@ -281,26 +297,54 @@ class RayLauncher:
 
     def __init__(self, cfg: RayLauncherConfig) -> None:
         self.cfg = cfg
+        self._ray: Any = None
+        self._started = False  # this launcher started an embedded Ray (shut down after the run)
 
     def _gpus(self, task: PartitionSearchTask) -> float:
         return float(self.cfg.gpus_per_task) if self.cfg.gpus_per_task is not None else float(gpus_needed(task))
 
-    def run(self, tasks: Sequence[PartitionSearchTask], listeners: Sequence[Listener] = ()) -> list[SearchResult]:
-        """Ray tasks forward their events to ``listeners`` here through a Ray queue."""
+    def check(self, tasks: Sequence[PartitionSearchTask]) -> None:
+        """Start (or join) Ray and refuse a cluster that cannot run ``tasks``: called before the run is
+        recorded anywhere, so a refusal writes nothing."""
+        if not tasks:
+            return
+        ray = self._init()
+        try:
+            have = ray.cluster_resources()
+            need = max(self._gpus(t) for t in tasks)
+            if need > float(have.get("GPU", 0.0)):
+                raise KareusError(f"launcher: a partition search needs {need:g} GPU(s) but the Ray cluster has "
+                                  f"{float(have.get('GPU', 0.0)):g}; set launcher.gpus_per_task or add GPU nodes")
+            if self.cfg.cpus_per_task > float(have.get("CPU", 0.0)):  # no task could ever be scheduled: a hang
+                raise KareusError(f"launcher.cpus_per_task: {self.cfg.cpus_per_task:g} CPUs per search, but the Ray "
+                                  f"cluster has {float(have.get('CPU', 0.0)):g}; allowed: up to that (or raise "
+                                  f"launcher.num_cpus)")
+            nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
+            if nodes > 1:
+                raise KareusError(f"launcher: the Ray cluster has {nodes} nodes, but every search appends to one "
+                                  "measurement journal (SQLite in WAL mode), which SQLite keeps whole only for "
+                                  "processes on one host: rows written from other nodes could be lost; run "
+                                  "launcher=ray on a one-node cluster, or launcher=process")
+        except BaseException:
+            self._shutdown()
+            raise
+
+    def _init(self) -> Any:
+        """Ray, initialised: an embedded one (or ``launcher.address``'s cluster) started here if needed."""
+        if self._ray is not None:
+            return self._ray
         shim = _broken_amdsmi_shim()
         try:
             import ray
         except ImportError:  # pragma: no cover - depends on the environment
             raise KareusError("launcher: launcher=ray needs Ray: pip install 'kareus[ray]'") from None
-        if not tasks:
-            return []
-        started = False
         if not ray.is_initialized():
             root = str(Path(__file__).resolve().parents[2])
             old = os.environ.get("PYTHONPATH")
             path = os.pathsep.join(p for p in (shim, root, old) if p)
             env = {"env_vars": {"PYTHONPATH": path}}
             os.environ["PYTHONPATH"] = path  # Ray's own processes (raylet agents) inherit it
+            self._started = True  # from here on: shut down on the way out, whatever init left running
             try:
                 with _python_signal_handlers_kept():
                     if self.cfg.address:
@@ -308,24 +352,37 @@ class RayLauncher:
                     else:
                         ray.init(num_cpus=self.cfg.num_cpus, num_gpus=self.cfg.num_gpus, include_dashboard=False,
                                  runtime_env=env, log_to_driver=False)
+            except ConnectionError as err:  # no cluster at that address
+                self._ray = ray
+                self._shutdown()
+                raise KareusError(f"launcher.address: {self.cfg.address}: {str(err).splitlines()[0]}; start the "
+                                  f"cluster (ray start --head), or leave launcher.address unset for an embedded "
+                                  f"Ray") from None
+            except BaseException:
+                self._ray = ray
+                self._shutdown()
+                raise
             finally:
                 if old is None:
                     os.environ.pop("PYTHONPATH", None)
                 else:
                     os.environ["PYTHONPATH"] = old
-            started = True
+        self._ray = ray
+        return ray
+
+    def _shutdown(self) -> None:
+        if self._ray is not None and self._started and self.cfg.shutdown:
+            with _python_signal_handlers_kept():  # its shutdown resets them to the default too
+                self._ray.shutdown()
+        self._ray, self._started = None, False
+
+    def run(self, tasks: Sequence[PartitionSearchTask], listeners: Sequence[Listener] = ()) -> list[SearchResult]:
+        """Ray tasks forward their events to ``listeners`` here through a Ray queue."""
+        if not tasks:
+            return []
+        self.check(tasks)
+        ray = self._ray
         try:
-            have = float(ray.cluster_resources().get("GPU", 0.0))
-            need = max(self._gpus(t) for t in tasks)
-            if need > have:
-                raise KareusError(f"launcher: a partition search needs {need:g} GPU(s) but the Ray cluster has "
-                                  f"{have:g}; set launcher.gpus_per_task or add GPU nodes")
-            nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
-            if nodes > 1:
-                raise KareusError(f"launcher: the Ray cluster has {nodes} nodes, but every search appends to one "
-                                  "measurement journal (SQLite in WAL mode), which SQLite keeps whole only for "
-                                  "processes on one host: rows written from other nodes could be lost; run "
-                                  "launcher=ray on a one-node cluster, or launcher=process")
             opts = lambda t: {"num_gpus": self._gpus(t), "num_cpus": self.cfg.cpus_per_task,  # noqa: E731
                               "max_retries": 0}
             lost = (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError, ray.exceptions.OutOfMemoryError,
@@ -335,28 +392,39 @@ class RayLauncher:
             except lost as err:
                 raise WorkerLost(f"launcher: a partition search's Ray worker died ({type(err).__name__})") from None
         finally:
-            if started and self.cfg.shutdown:
-                with _python_signal_handlers_kept():  # its shutdown resets them to the default too
-                    ray.shutdown()
+            self._shutdown()
 
     @staticmethod
     def _run_on_ray(ray: Any, tasks: Sequence[PartitionSearchTask], listeners: Sequence[Listener],
                     opts: Callable[[PartitionSearchTask], dict]) -> list[SearchResult]:
-        if not listeners:
-            remote = ray.remote(run_search_task)
-            return list(ray.get([remote.options(**opts(t)).remote(t) for t in tasks]))
-        from ray.util.queue import Empty, Queue
+        q = None
+        if listeners:
+            from ray.util.queue import Empty, Queue
 
-        q = Queue(actor_options={"num_cpus": 0})
-        remote = ray.remote(_run_forwarding)
-        refs = [remote.options(**opts(t)).remote(t, q) for t in tasks]
+            q = Queue(actor_options={"num_cpus": 0})
+            remote = ray.remote(_run_forwarding)
+            refs = [remote.options(**opts(t)).remote(t, q) for t in tasks]
+        else:
+            remote = ray.remote(run_search_task)
+            refs = [remote.options(**opts(t)).remote(t) for t in tasks]
         pending = list(refs)
-        while pending:
-            _, pending = ray.wait(pending, num_returns=len(pending), timeout=0)
-            if pending:
-                _dispatch(q, listeners, Empty, 0.1)
-        while _dispatch(q, listeners, Empty, 0.0):
-            pass
-        results = list(ray.get(refs))
-        q.shutdown()
-        return results
+        try:
+            while pending:
+                done, pending = ray.wait(pending, num_returns=len(pending), timeout=0 if q is not None else 0.1)
+                for ref in done:  # a failed task stops the others, as with launcher=process
+                    try:
+                        ray.get(ref)
+                    except ray.exceptions.RayTaskError as err:
+                        cause = getattr(err, "cause", None)
+                        raise (cause if isinstance(cause, BaseException) else err) from None
+                if pending and q is not None:
+                    _dispatch(q, listeners, Empty, 0.1)
+        except BaseException:  # a failure, Ctrl-C or SIGTERM: the others stop now, on any cluster
+            for ref in pending:
+                ray.cancel(ref, force=True)
+            raise
+        if q is not None:
+            while _dispatch(q, listeners, Empty, 0.0):
+                pass
+            q.shutdown()
+        return list(ray.get(refs))

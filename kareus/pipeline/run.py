@@ -66,7 +66,7 @@ def _search_and_plan(ctx: RunContext, console: Console, compose: bool) -> dict[s
 
 
 def _search_and_plan_on(ctx: RunContext, console: Console, compose: bool, backend: Any) -> dict[str, Any]:
-    from kareus.pipeline.searching import make_tasks, partition_types, run_searches, space_sizes
+    from kareus.pipeline.searching import checked_launcher, make_tasks, partition_types, space_sizes
     from kareus.launch.launchers import WorkerLost
     from kareus.profiler.journal import JournalMismatchError
     from kareus.search.output import write_search_outputs
@@ -75,6 +75,7 @@ def _search_and_plan_on(ctx: RunContext, console: Console, compose: bool, backen
     partitions = partition_types(ctx, backend)
     sizes = space_sizes(ctx, backend, partitions)
     _note_initial(console, ctx, sizes)
+    launcher = checked_launcher(ctx, partitions)
     tracker = Tracker(ctx.typed["tracking"])
     hctx = hydra_context()
     if ctx.model is None and hctx:  # a replayed table's own partitions: no layout plays a part in them
@@ -91,7 +92,7 @@ def _search_and_plan_on(ctx: RunContext, console: Console, compose: bool, backen
         progress = make_progress(bool(ctx.cfg.progress), console=console, simulated=ctx.simulated)
         try:
             with progress:
-                results = run_searches(ctx, tasks, listeners=[progress])
+                results = launcher.run(tasks, listeners=[progress])
         except JournalMismatchError as err:
             raise KareusError(f"journal: {err}") from None
         except WorkerLost as err:

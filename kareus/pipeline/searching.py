@@ -8,7 +8,6 @@ from kareus.launch import PartitionSearchTask
 from kareus.pipeline.context import RunContext
 from kareus.registry import HARDWARE, LAUNCHERS
 from kareus.search import build_space
-from kareus.search.base import SearchResult
 from kareus.types import PartitionType
 
 
@@ -98,7 +97,9 @@ def make_tasks(ctx: RunContext, partitions: Sequence[PartitionType],
             for p in partitions]
 
 
-def run_searches(ctx: RunContext, tasks: Sequence[PartitionSearchTask],
-                 listeners: Sequence[Callable[[Any], None]] = ()) -> list[SearchResult]:
+def checked_launcher(ctx: RunContext, partitions: Sequence[PartitionType]) -> Any:
+    """The configured launcher, once it has checked it can run a search of each partition (Ray: the
+    cluster's GPUs, CPUs and nodes): before the run is recorded, so a refusal writes nothing."""
     launcher = LAUNCHERS.build(str(ctx.cfg.launcher.name), config=ctx.typed["launcher"])
-    return launcher.run(list(tasks), listeners=listeners)
+    launcher.check(make_tasks(ctx, partitions, lambda p: []))
+    return launcher
