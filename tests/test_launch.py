@@ -570,3 +570,28 @@ def test_a_failed_task_leaves_no_worker_dialing_the_stopped_event_relay(tmp_path
     with pytest.raises(UnknownComponentError):
         LAUNCHERS.build("process", config={"workers": 2}).run(tasks, listeners=[lambda event: None])
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_sigterm_ray_took_during_its_start_ends_through_the_programs_handler():
+    """Ray's Python handler, installed inside ray.init, turns a SIGTERM into sys.exit(15): exit 15, no
+    resume line. The block hands it to the handler it found instead."""
+    from kareus.launch.launchers import _python_signal_handlers_kept
+
+    class Stopped(Exception):
+        pass
+
+    def programs_own(signum, frame):
+        raise Stopped(signum)
+
+    previous = signal.signal(signal.SIGTERM, programs_own)
+    try:
+        with pytest.raises(Stopped):
+            with _python_signal_handlers_kept():
+                signal.signal(signal.SIGTERM, lambda s, f: sys.exit(15))  # as Ray's own handler
+                raise SystemExit(15)
+        assert signal.getsignal(signal.SIGTERM) is programs_own
+        with pytest.raises(SystemExit):  # any other exit passes through
+            with _python_signal_handlers_kept():
+                raise SystemExit(3)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
