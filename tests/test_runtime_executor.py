@@ -176,6 +176,21 @@ def test_leaving_the_hooks_on_a_training_error_resets_the_clocks_and_keeps_that_
     assert "after ZeroDivisionError (RuntimeError: CUDA error: an illegal memory access" in caplog.text
 
 
+def test_hooks_left_normally_inside_an_except_handler_raise_a_failed_reset():
+    """The hooks read sys.exc_info(), which inside an outer except handler (a retry path) names that
+    handled error: a failed reset was logged, not raised, and training went on with the GPU locked."""
+    ctl = FakeController()
+    fake = _fake_schedules([])
+    ex = PlanExecutor(_plan(), ctl, stage=0, sync=lambda: None)
+    try:
+        raise KeyError("an earlier, handled error")
+    except KeyError:
+        with pytest.raises(RuntimeError, match="illegal memory access"):
+            with plan_hooks(ex, fake):
+                fake.forward_step("func", current_microbatch=0)
+                ex.sync = _broken_sync
+
+
 def test_run_partition_hands_the_knobs_to_the_backend():
     calls = []
     backend = SimpleNamespace(run_partition=lambda p, slot, sms: calls.append((p.key, slot, sms)))

@@ -27,7 +27,6 @@ fetched before the hooks: the first forward step that sees such a config or a ``
 """
 from __future__ import annotations
 
-import sys
 from collections import deque
 from contextlib import contextmanager
 from typing import Any, Iterator
@@ -208,8 +207,12 @@ def plan_hooks(executor: PlanExecutor, schedules: Any = None, config: Any = None
     mod.forward_step, mod.backward_step = forward_step, backward_step
     for name, orig in orig_schedules.items():
         setattr(mod, name, schedule(name, orig))
-    try:
+    unwinding: type[BaseException] | None = None  # what the block raised: sys.exc_info() inside an
+    try:  # outer except handler names that handler's exception even when the block ends normally
         yield tracker
+    except BaseException as err:
+        unwinding = type(err)
+        raise
     finally:
         mod.forward_step, mod.backward_step = orig_forward, orig_backward
         for name, orig in orig_schedules.items():
@@ -217,4 +220,4 @@ def plan_hooks(executor: PlanExecutor, schedules: Any = None, config: Any = None
         # no hook switches clocks any more: give them back, without hiding the training step's own error
         from kareus.profiler.frequency import reset_while_unwinding
 
-        reset_while_unwinding(executor.reset, sys.exc_info()[0])
+        reset_while_unwinding(executor.reset, unwinding)
