@@ -259,6 +259,18 @@ def test_perseus_walk_cut_short_still_offers_the_fastest_plan(caplog):
     assert "short of the fastest iteration" in caplog.text and "compose.max_steps=2" in caplog.text
 
 
+def test_perseus_fastest_plan_takes_the_cheaper_of_options_tied_on_time():
+    """Options tied on time (host-bound work at several clocks): the fast end took the first listed, a
+    dominated point, and the plan at that time with less energy was never offered."""
+    dag = pipeline_dag("1f1b", 2, 2)
+    opts = {k: [InstructionOption(t, 5.0, 1410), InstructionOption(t, 4.0, 1300), InstructionOption(1.5 * t, 2.0, 1000)]
+            for k in dag.keys for t in [1.0 if k[1] is Direction.FWD else 2.0]}
+    got = COMPOSERS.build("perseus", config={"name": "perseus", "unit_time_s": 0.01, "max_steps": 1}).compose(
+        dag, opts, 1.0, 1, 2)
+    fast = min(got, key=lambda p: (p.time_s, p.energy_j))
+    assert fast.time_s == pytest.approx(9.0) and fast.energy_j == pytest.approx(50.0)  # 8 instructions at 4 J, 18 J static
+
+
 def test_slack_reclamation_leaves_room_for_the_clock_switches_it_adds():
     """With hardware.clock_switch_s, slowing instructions off the critical path to other clocks adds
     switches: the reverse sweep makes room for them, so the fastest iteration stays the fastest and

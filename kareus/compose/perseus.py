@@ -175,7 +175,7 @@ class PerseusComposer:
                 self.stopped_early = True
                 break
         # every instruction at its fastest option: the frontier's fast end whatever the walk reached
-        fastest = model.assess(tuple(int(np.argmin([o.time_s for o in options[n.key]])) for n in dag.nodes))
+        fastest = model.assess(model.uniform("fastest"))  # ties on time go to the least energy
 
         def unswitched(a: Assignment) -> float:  # lowtime walks option times; priced switches aside
             return float(critical_path(dag, model.arrays(a.choice)[0])[1].max())
