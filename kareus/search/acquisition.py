@@ -31,7 +31,8 @@ class Context:
     expected: frozenset[str] = frozenset()  # HVI passes that score the mean HVI over ensemble members (Monte-Carlo EHVI)
     per_clock: frozenset[str] = frozenset()  # HVI passes scored against the measured front at the candidate's clock
     hand_over: frozenset[str] = frozenset()  # HVI passes that stop picking once no candidate is predicted to improve
-    clock_of: np.ndarray | None = None  # pool: clock of each candidate (needed by per_clock passes)
+    clock_of: np.ndarray | None = None  # pool: clock of each candidate (needed by per_clock passes);
+    # WHOLE_FRONT where only failures were measured at it: scored against the whole front, not an empty one
     measured_clock: np.ndarray | None = None  # clock of each measured point, aligned with ``measured``
     sparse: np.ndarray | None = None  # pool mask: the candidate's slot has too few measurements
     slot_of: np.ndarray | None = None  # pool: slot id of each candidate
@@ -86,16 +87,19 @@ def _epsilon(cand: np.ndarray, front: np.ndarray) -> np.ndarray:
     return np.clip(np.min(d, axis=1), 0.0, None)
 
 
+WHOLE_FRONT = -1  # a candidate clock scored against the whole front (see ``Context.clock_of``)
+
+
 def _by_clock(fn, cand: np.ndarray, cand_clock: np.ndarray | None, front: np.ndarray,
               front_clock: np.ndarray | None) -> np.ndarray:
     """``fn(candidates, front)`` of each candidate against the front of its own clock (all of it if
-    no clocks are given)."""
+    no clocks are given, or for a candidate clock of ``WHOLE_FRONT``)."""
     if cand_clock is None or front_clock is None:
         return fn(cand, front)
     out = np.zeros(len(cand))
     for clock in np.unique(cand_clock):
         m = cand_clock == clock
-        out[m] = fn(cand[m], front[front_clock == clock])
+        out[m] = fn(cand[m], front if clock == WHOLE_FRONT else front[front_clock == clock])
     return out
 
 

@@ -39,10 +39,10 @@ import numpy as np
 
 from kareus.frontier import pareto_mask
 from kareus.registry import ACQUISITIONS, SEARCHERS, SURROGATES
-from kareus.search.acquisition import Context
+from kareus.search.acquisition import WHOLE_FRONT, Context
 from kareus.search.base import SearchProblem, SearchResult
 from kareus.search.common import SearchRun, Timer
-from kareus.search.config import MBOConfig, PassName, SurrogateConfig, initial_size, pass_shares, round_batch
+from kareus.search.config import BATCH_POLICIES, MBOConfig, PassName, SurrogateConfig, initial_size, pass_shares, round_batch
 from kareus.search.design import latin_hypercube
 from kareus.search.hv import hypervolume, nondominated
 
@@ -161,6 +161,17 @@ def grid_ranks(run: SearchRun) -> np.ndarray:
     return out
 
 
+def pool_clocks(grid: np.ndarray, run: SearchRun, pool: np.ndarray) -> np.ndarray:
+    """Clock level of each pool candidate for the per-clock passes; ``WHOLE_FRONT`` at a clock where
+    every measurement failed (one the GPU cannot hold): against an empty front any prediction, even the
+    worst measured, would improve it, and the pass would keep drawing picks there."""
+    clocks = grid[pool, 2].copy()
+    tried = set(grid[run.failed(), 2].tolist()) - set(grid[run.ok(), 2].tolist())
+    if tried:
+        clocks[np.isin(clocks, list(tried))] = WHOLE_FRONT
+    return clocks
+
+
 def near_front(run: SearchRun, grid: np.ndarray, pool: np.ndarray) -> np.ndarray:
     """Pool mask: same slot and at most one SM and one clock step from a measured (time, total) Pareto point."""
     ok = np.array(run.ok())
@@ -195,7 +206,9 @@ def fill_batch(ctx: Context, plan: list[tuple[str, int]], k: int) -> tuple[list[
             if got < count:
                 dry.add(name)
         short = k - len(picks)
-        live = [n for n, _ in plan if n not in dry]
+        # picks a pass left go to the regular passes: a batch policy keeps its planned count (coverage: one
+        # pick per sparse slot, under its cap; local: its share of the last batch)
+        live = [n for n, _ in plan if n not in dry and n not in BATCH_POLICIES]
         if not live and ctx.hand_over:  # no other pass takes the picks handed over: their passes fill the rest
             live = [n for n, _ in plan if n in ctx.hand_over]
             ctx = replace(ctx, hand_over=frozenset())
@@ -233,7 +246,7 @@ class MBOSearcher:
                           expected=frozenset(PassName(p).value for p in cfg.expected),
                           per_clock=frozenset(PassName(p).value for p in cfg.per_clock),
                           hand_over=frozenset(PassName(p).value for p in cfg.hand_over),
-                          clock_of=grid[pool, 2], measured_clock=grid[run.ok(), 2],
+                          clock_of=pool_clocks(grid, run, pool), measured_clock=grid[run.ok(), 2],
                           near=near_front(run, grid, pool), slot_of=grid[pool, 0],
                           sparse=counts[grid[pool, 0]] < cfg.min_per_slot, rng=rng)
             n_local = int(round(cfg.final_local * k)) if k >= run.remaining else 0  # last batch: exploit
