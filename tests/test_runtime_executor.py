@@ -477,6 +477,21 @@ def test_a_schedule_call_for_another_pipeline_is_refused_before_it_runs():
     assert [kw["num_microbatches"] for kw in calls] == [7]
 
 
+def test_a_rank_whose_executor_follows_another_stage_is_refused_before_the_schedule_runs():
+    """The executor's stage was never compared with the rank's own: stage 1 would run stage 0's clocks."""
+    calls: list = []
+    fake = SimpleNamespace(forward_step=lambda *a, **kw: None, backward_step=lambda *a, **kw: None,
+                           forward_backward_pipelining_without_interleaving=lambda **kw: calls.append(kw))
+    second = SimpleNamespace(pp_group=SimpleNamespace(size=lambda: 2, rank=lambda: 1))
+    with plan_hooks(PlanExecutor(_plan(), FakeController(), stage=0), fake):
+        with pytest.raises(PlanMismatchError, match="this rank is pipeline stage 1, but its PlanExecutor follows "
+                                                    "stage 0's instructions; build it with stage=1"):
+            fake.forward_backward_pipelining_without_interleaving(num_microbatches=4, p2p_communicator=second)
+    with plan_hooks(PlanExecutor(_plan(), FakeController(), stage=1), fake):
+        fake.forward_backward_pipelining_without_interleaving(num_microbatches=4, p2p_communicator=second)
+    assert len(calls) == 1
+
+
 def test_a_controller_that_leaves_the_clock_to_the_gpu_takes_only_a_plan_of_one_clock():
     from kareus.profiler.frequency import UnlockedFrequencyConfig, UnlockedFrequencyController
 

@@ -54,8 +54,10 @@ class PlanMismatchError(ValueError):
     """The training call runs another number of microbatches or pipeline stages than the plan covers."""
 
 
-def check_plan_fits(executor: PlanExecutor, num_microbatches: Any, pipeline_stages: int | None) -> None:
-    """Refuse a training call the plan was not composed for (its instructions would be another schedule's)."""
+def check_plan_fits(executor: PlanExecutor, num_microbatches: Any, pipeline_stages: int | None,
+                    pipeline_rank: int | None = None) -> None:
+    """Refuse a training call the plan was not composed for (its instructions would be another schedule's),
+    or one on a rank whose executor follows another stage's instructions."""
     plan = executor.plan
     if num_microbatches is not None and int(num_microbatches) != plan.num_microbatches:
         raise PlanMismatchError(f"plan {plan.index} covers {plan.num_microbatches} microbatches per iteration, "
@@ -64,21 +66,28 @@ def check_plan_fits(executor: PlanExecutor, num_microbatches: Any, pipeline_stag
     if pipeline_stages is not None and int(pipeline_stages) != plan.num_stages:
         raise PlanMismatchError(f"plan {plan.index} covers {plan.num_stages} pipeline stages, but the schedule "
                                 f"runs {int(pipeline_stages)}; compose a plan with parallel.pp={int(pipeline_stages)}")
+    if pipeline_rank is not None and int(pipeline_rank) != executor.stage:
+        raise PlanMismatchError(f"this rank is pipeline stage {int(pipeline_rank)}, but its PlanExecutor follows "
+                                f"stage {executor.stage}'s instructions; build it with stage={int(pipeline_rank)}")
 
 
-def _pipeline_stages(kwargs: dict) -> int | None:
-    """The pipeline size of a schedule call (its communicator's group, else megatron's parallel state)."""
+def _pipeline_position(kwargs: dict) -> tuple[int | None, int | None]:
+    """(pipeline size, this rank's stage) of a schedule call: its communicator's group, else megatron's
+    parallel state; (None, None) where neither tells."""
     try:
         comm = kwargs.get("p2p_communicator")
-        if comm is not None and getattr(comm, "pp_group", None) is not None:
-            return int(comm.pp_group.size())
+        group = getattr(comm, "pp_group", None) if comm is not None else None
+        if group is not None:
+            rank = getattr(group, "rank", None)
+            return int(group.size()), (int(rank()) if callable(rank) else None)
         from megatron.core import parallel_state
 
         if parallel_state.model_parallel_is_initialized():
-            return int(parallel_state.get_pipeline_model_parallel_world_size())
+            return (int(parallel_state.get_pipeline_model_parallel_world_size()),
+                    int(parallel_state.get_pipeline_model_parallel_rank()))
     except Exception:  # no megatron-core state to ask: the microbatch count still checks
-        return None
-    return None
+        return None, None
+    return None, None
 
 
 def check_schedule(config: Any) -> None:
@@ -174,7 +183,7 @@ def plan_hooks(executor: PlanExecutor, schedules: Any = None, config: Any = None
                 model_config = _model_config(kwargs.get("model"))
                 if model_config is not None:  # some of them never call forward_step, whose check would tell
                     check_schedule(model_config)
-                check_plan_fits(executor, kwargs.get("num_microbatches"), _pipeline_stages(kwargs))
+                check_plan_fits(executor, kwargs.get("num_microbatches"), *_pipeline_position(kwargs))
             tracker.evaluation = evaluation
             try:
                 return orig(*args, **kwargs)
