@@ -263,23 +263,6 @@ def test_a_clock_where_every_setting_fails_stops_drawing_per_clock_picks():
     assert dynamic_there == []
 
 
-def test_handed_over_picks_go_to_the_regular_passes_not_the_batch_policies():
-    """A share handed over refilled every pass still live, coverage too: its one pick per sparse slot
-    became three in one slot."""
-    from kareus.search.acquisition import Context
-    from kareus.search.mbo import fill_batch
-
-    n = 10
-    mt, md = np.array([1.0, 2.0]), np.array([2.0, 1.0])
-    measured = {"time": mt, "dynamic": md, "static": mt, "total": md + mt}
-    t = np.tile(np.linspace(2.1, 2.5, n), (4, 1))  # every candidate predicted dominated: total hands over
-    samples = {"time": t, "dynamic": t, "static": t, "total": 2 * t}
-    ctx = Context(np.arange(n), samples, measured, kappa=0.0, hand_over=frozenset({"total"}),
-                  slot_of=np.array([0] * 5 + [1] * 5), sparse=np.array([True] * 5 + [False] * 5))
-    picks, names = fill_batch(ctx, [("coverage", 1), ("total", 3), ("dynamic", 1)], 5)
-    assert len(picks) == 5 == len(set(picks)) and names.count("coverage") == 1
-
-
 def test_a_pass_that_runs_dry_leaves_the_batch_to_the_others(monkeypatch):
     """The last batch's local pass may find no grid neighbours left; the other passes fill its share,
     so each batch still holds its full count."""

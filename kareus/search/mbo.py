@@ -42,7 +42,7 @@ from kareus.registry import ACQUISITIONS, SEARCHERS, SURROGATES
 from kareus.search.acquisition import WHOLE_FRONT, Context
 from kareus.search.base import SearchProblem, SearchResult
 from kareus.search.common import SearchRun, Timer
-from kareus.search.config import BATCH_POLICIES, MBOConfig, PassName, SurrogateConfig, initial_size, pass_shares, round_batch
+from kareus.search.config import MBOConfig, PassName, SurrogateConfig, initial_size, pass_shares, round_batch
 from kareus.search.design import latin_hypercube
 from kareus.search.hv import hypervolume, nondominated
 
@@ -206,9 +206,7 @@ def fill_batch(ctx: Context, plan: list[tuple[str, int]], k: int) -> tuple[list[
             if got < count:
                 dry.add(name)
         short = k - len(picks)
-        # picks a pass left go to the regular passes: a batch policy keeps its planned count (coverage: one
-        # pick per sparse slot, under its cap; local: its share of the last batch)
-        live = [n for n, _ in plan if n not in dry and n not in BATCH_POLICIES]
+        live = [n for n, _ in plan if n not in dry]
         if not live and ctx.hand_over:  # no other pass takes the picks handed over: their passes fill the rest
             live = [n for n, _ in plan if n in ctx.hand_over]
             ctx = replace(ctx, hand_over=frozenset())
