@@ -32,6 +32,14 @@ def error_lines(stderr: str) -> list[str]:
     return [ln for ln in stderr.splitlines() if ln.strip()]
 
 
+def refused(cwd: Path, *args: str, timeout: float = 120) -> list[str]:
+    """The stderr lines of a run that must be refused: exit 2, no traceback, nothing under runs/."""
+    res = kareus(cwd, *args, timeout=timeout)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert left_behind(cwd) == []
+    return error_lines(res.stderr)
+
+
 def test_no_model_stops_at_once_listing_the_models(tmp_path):
     user = tmp_path / "userconf"
     (user / "model").mkdir(parents=True)
@@ -364,12 +372,10 @@ def test_a_replayed_table_with_clocks_the_gpu_cannot_lock_is_one_line(tmp_path):
 
     table = convert_a100_attention(Path(__file__).resolve().parents[2] / "shared" / "data" / "a100_attention_tp2",
                                    tmp_path / "table.csv")
-    res = kareus(tmp_path, "hardware=replay", f"hardware.table={table}", "hardware.max_mhz=1395", "mode=search")
-    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
-    assert error_lines(res.stderr) == ["error: hardware: replay recorded clocks 1410 MHz, which A100-SXM4-40GB cannot "
-                                       "lock (210..1395 in 15 MHz steps); describe the GPU the table was recorded on "
-                                       "with hardware.gpu, hardware.min_mhz, hardware.max_mhz and hardware.step_mhz"]
-    assert left_behind(tmp_path) == []
+    assert refused(tmp_path, "hardware=replay", f"hardware.table={table}", "hardware.max_mhz=1395", "mode=search") == [
+        "error: hardware: replay recorded clocks 1410 MHz, which A100-SXM4-40GB cannot lock (210..1395 in 15 MHz "
+        "steps); describe the GPU the table was recorded on with hardware.gpu, hardware.min_mhz, hardware.max_mhz "
+        "and hardware.step_mhz"]
 
 
 def test_a_replayed_table_with_more_comm_sms_than_the_gpu_has_is_one_line(tmp_path):
@@ -377,25 +383,20 @@ def test_a_replayed_table_with_more_comm_sms_than_the_gpu_has_is_one_line(tmp_pa
     table = tmp_path / "table.csv"
     table.write_text("partition,slot,sms,freq_mhz,time_s,energy_j\np,sequential,4,1410,0.001,1.0\n"
                      "p,sequential,200,1410,0.001,1.0\n")
-    res = kareus(tmp_path, "hardware=replay", f"hardware.table={table}", "mode=search")
-    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
-    assert error_lines(res.stderr) == ["error: hardware: replay recorded comm SM counts 200, which A100-SXM4-40GB with "
-                                       "108 SMs cannot give a comm kernel (1..107); describe the GPU the table was "
-                                       "recorded on with hardware.gpu and hardware.sms"]
-    assert left_behind(tmp_path) == []
+    assert refused(tmp_path, "hardware=replay", f"hardware.table={table}", "mode=search") == [
+        "error: hardware: replay recorded comm SM counts 200, which A100-SXM4-40GB with 108 SMs cannot give a comm "
+        "kernel (1..107); describe the GPU the table was recorded on with hardware.gpu and hardware.sms"]
 
 
 def test_a_ray_cluster_refusal_records_nothing(tmp_path):
     """The Ray launcher checked its cluster inside the run, after MLflow had recorded it: the refusal
     left runs/mlflow.db with a FAILED run and its config artifact."""
     pytest.importorskip("ray")
-    res = kareus(tmp_path, "+model=tiny", "parallel=pp2_tp2", "progress=false", "launcher=ray",
-                 "launcher.gpus_per_task=1", timeout=300)
-    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
-    lines = [ln for ln in error_lines(res.stderr) if "error" in ln.lower()]  # beside Ray's own start-up log
-    assert lines == ["error: launcher: a partition search needs 1 GPU(s) but the Ray cluster has 0; "
-                     "set launcher.gpus_per_task or add GPU nodes"]
-    assert left_behind(tmp_path) == []
+    lines = refused(tmp_path, "+model=tiny", "parallel=pp2_tp2", "progress=false", "launcher=ray",
+                    "launcher.gpus_per_task=1", timeout=300)
+    assert [ln for ln in lines if "error" in ln.lower()] == [  # beside Ray's own start-up log
+        "error: launcher: a partition search needs 1 GPU(s) but the Ray cluster has 0; set launcher.gpus_per_task "
+        "or add GPU nodes"]
 
 
 def test_a_forked_worker_leaves_sigterm_to_its_default():
