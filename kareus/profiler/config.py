@@ -44,7 +44,6 @@ class ProfilerConfig:
         out += _component_problems("profiler.frequency", self.frequency, "FREQUENCY_CONTROLLERS", ctx)
         return out
 
-
     def _short_cooldown_windows(self) -> list[str]:
         """A policy's own windows (thermal anchors, the compensated probe) shorter than a profiling
         window: the energy counter's steps skew them, and below its period every read fails, which
