@@ -395,6 +395,62 @@ def test_a_partition_search_that_raises_ends_failed_and_one_stopped_by_a_signal_
     assert part.info.status == status
 
 
+@pytest.mark.parametrize("uri", ["sqlite://", "sqlite:///", "sqlite:///:memory:"])
+def test_an_in_memory_store_is_refused(uri):
+    """MLflow keeps such a store in memory: the run ended with exit 0 and its whole record gone."""
+    assert TrackingConfig(uri=uri).problems() == [
+        f"tracking.uri: {uri!r} is an in-memory database, gone when the run ends; give a file such as "
+        "sqlite:///runs/mlflow.db, or set tracking.enabled=false"]
+
+
+def test_a_database_store_that_cannot_be_opened_is_named_at_once():
+    """postgresql:// and mysql:// passed validation and failed at the first write with a 70-line
+    traceback: a missing driver, or a server that is not there."""
+    from kareus.tracking.store import reachability_problem
+
+    for uri in ("postgresql://localhost:1/x", "mysql://u:secret@localhost:1/x"):
+        problem = reachability_problem(uri, timeout_s=2.0)
+        shown = uri.replace(":secret@", ":***@")
+        assert problem.startswith((f"cannot open {shown}: its database driver is not installed",
+                                   f"cannot reach {shown} (")), problem
+        assert "\n" not in problem and "secret" not in problem
+
+
+def test_a_stop_while_the_store_is_created_lands_once_it_exists(tmp_path, monkeypatch):
+    """A Ctrl-C or SIGTERM amid MLflow's schema migrations left a store no later run could open."""
+    import signal
+
+    import mlflow.tracking
+
+    from kareus.tracking.store import client_for
+
+    steps: list[str] = []
+
+    class Creating:
+        def __init__(self, tracking_uri: str) -> None:
+            os.kill(os.getpid(), signal.SIGTERM)  # the stop arrives while the store is being made
+            steps.append("created")
+
+        def search_experiments(self, **kwargs):
+            steps.append("migrated")
+            return []
+
+    class Stopped(Exception):
+        pass
+
+    def stop(signum, frame):
+        raise Stopped
+
+    monkeypatch.setattr(mlflow.tracking, "MlflowClient", Creating)
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        with pytest.raises(Stopped):
+            client_for(f"sqlite:///{tmp_path}/stopped.db")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert steps == ["created", "migrated"]
+
+
 def test_empty_uri_is_refused_and_a_dead_server_is_named_at_once():
     import socket
     import threading

@@ -47,6 +47,9 @@ class TrackingConfig:
             # MLflow would raise at the first write, after the run directory exists
             out.append(f"tracking.uri: unsupported scheme {urlparse(uri).scheme!r} in {uri!r}; allowed: "
                        f"{', '.join(tracking_schemes())} (a database may name its driver: postgresql+psycopg2)")
+        elif uri.startswith("sqlite:") and uri.split("?", 1)[0] in ("sqlite://", "sqlite:///", "sqlite:///:memory:"):
+            out.append(f"tracking.uri: {uri!r} is an in-memory database, gone when the run ends; give a file such as "
+                       f"sqlite:///runs/mlflow.db, or set tracking.enabled=false")
         if not str(self.experiment or "").strip():
             out.append(f"tracking.experiment: must name an MLflow experiment (default kareus), got {self.experiment!r}")
         return out

@@ -87,7 +87,10 @@ def reachability_problem(uri: str, timeout_s: float = 5.0) -> str | None:
 
         problem = folder_problem((db if db.is_absolute() else Path(base_dir()) / db).parent)
         return None if problem is None else f"{problem}; choose another tracking.uri, or set tracking.enabled=false"
-    if urlparse(uri).scheme not in ("http", "https"):
+    scheme = urlparse(uri).scheme.split("+")[0]
+    if scheme in _DATABASES:
+        return _database_problem(uri, timeout_s)
+    if scheme not in ("http", "https"):
         return None
     try:
         with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s):
@@ -97,6 +100,38 @@ def reachability_problem(uri: str, timeout_s: float = 5.0) -> str | None:
     except (OSError, ValueError) as err:
         reason = getattr(err, "reason", err)
         return f"cannot reach {uri} ({reason}); start the tracking server, or set tracking.enabled=false"
+
+
+_DATABASES = ("postgresql", "mysql", "mssql")  # server databases MLflow reaches through SQLAlchemy
+
+
+def _database_problem(uri: str, timeout_s: float) -> str | None:
+    """Why a database store cannot be opened (its driver missing, its server down), or None: MLflow
+    would raise that mid-run, after the run directory exists, as a long SQLAlchemy traceback."""
+    try:
+        import sqlalchemy
+
+        engine = sqlalchemy.create_engine(uri, pool_pre_ping=False)
+        try:
+            with engine.connect():
+                return None
+        finally:
+            engine.dispose()
+    except ImportError as err:  # the scheme's driver (psycopg2, pymysql, ...) is not installed
+        return (f"cannot open {_shown(uri)}: its database driver is not installed ({err}); install it, or set "
+                f"tracking.enabled=false")
+    except Exception as err:  # the server refused or is down, bad credentials, a malformed URI
+        first = str(getattr(err, "orig", None) or err).strip().splitlines()
+        return (f"cannot reach {_shown(uri)} ({first[0] if first else type(err).__name__}); start the database, "
+                f"or set tracking.enabled=false")
+
+
+def _shown(uri: str) -> str:
+    """A database URI without its password."""
+    parts = urlparse(uri)
+    if parts.password:
+        return uri.replace(f":{parts.password}@", ":***@", 1)
+    return uri
 
 
 def sqlite_path(uri: str) -> Path | None:
@@ -183,7 +218,9 @@ def client_for(uri: str, telemetry: bool = False):
         import_mlflow(telemetry)
         from mlflow.tracking import MlflowClient
 
-        with store_lock(uri):  # the constructor may already open (and create) the store
+        # the constructor may already open (and create) the store: under the lock, and with Ctrl-C and
+        # SIGTERM held, since a stop amid its schema migrations left a store no later run could open
+        with store_lock(uri), signals_deferred():
             client = MlflowClient(tracking_uri=uri)
             retry(client.search_experiments, max_results=1)  # forces creation/migration of the store
         _clients[uri] = client
