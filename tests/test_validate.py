@@ -379,6 +379,7 @@ SIM_RULES = [  # each passed validation and then turned the model around or divi
     ("hardware.act_gemm=-1", "hardware.act_gemm: must be >= 0, got -1.0"),  # negative dynamic power
     ("hardware.thermal_r_c_per_w=-0.09", "hardware.thermal_r_c_per_w: must be >= 0, got -0.09"),  # below ambient
     ("hardware.time_noise=5.0", "hardware.time_noise: must be in [0, 0.1], got 5.0"),  # negative times
+    ("hardware.ambient_c=nan", "hardware.ambient_c: must be a finite temperature in C, got nan"),  # nan readings
     ("hardware.static_power_w=500", "hardware.static_power_w: must be below tdp_w (400.0), got 500.0"),
     ("hardware.min_mhz=200", "hardware.min_mhz/max_mhz: 200..1410 MHz is no whole number of step_mhz=15 steps; "
                              "a GPU locks max_mhz less whole steps"),
@@ -635,6 +636,7 @@ def test_plan_rule(overrides, line):
     (("compose.num_deadlines=1",), "compose.num_deadlines: must be >= 2, got 1"),  # kareus
     (("compose.repair_passes=-1",), "compose.repair_passes: must be >= 0, got -1"),
     ((*ALT1, "compose.unit_time_s=0"), "compose.unit_time_s: must be > 0, got 0.0"),  # perseus
+    ((*ALT1, "compose.unit_time_s=nan"), "compose.unit_time_s: must be a finite number > 0, got nan"),  # after the search
     ((*ALT1, "compose.cost_model=bogus"), "compose.cost_model: invalid value 'bogus'; allowed: hull, exponential"),
     ((*ALT1, "compose.max_steps=-1"), "compose.max_steps: must be >= 0, got -1"),
 ])

@@ -19,6 +19,7 @@ import numpy as np
 from kareus.compose.iteration import Assignment, CostModel, IterationFrontier, Options, critical_path
 from kareus.compose.microbatch import pareto_indices
 from kareus.compose.schedule import PipelineDAG
+from kareus.config.bounds import out_of_bounds
 from kareus.registry import COMPOSERS
 from kareus.types import Direction
 
@@ -34,9 +35,7 @@ class PerseusComposerConfig:
     max_steps: int = 0  # stop the walk after this many steps (0 = run to the fastest iteration)
 
     def problems(self, ctx: Any = None) -> list[str]:
-        out = []
-        if self.unit_time_s <= 0:
-            out.append(f"compose.unit_time_s: must be > 0, got {self.unit_time_s}")
+        out = out_of_bounds(self, "compose.", positive=("unit_time_s",))  # nan or inf: lowtime fails after the search
         if self.cost_model not in ("hull", "exponential"):
             out.append(f"compose.cost_model: invalid value {self.cost_model!r}; allowed: hull, exponential")
         if self.max_steps < 0:

@@ -7,6 +7,7 @@ per-call idle host_gap_s, which Kareus' own profiler and runtime do not have (``
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from kareus.config.bounds import out_of_bounds
@@ -86,6 +87,9 @@ class SimConfig(GPUConfig):
         for k in ("contention_sm", "contention_hbm", "fail_rate"):
             if not 0 <= getattr(self, k) <= 1:
                 out.append(f"hardware.{k}: must be in [0, 1], got {getattr(self, k)}")
+        for k in ("ambient_c", "static_ref_c"):  # any finite temperature will do; nan made every reading nan
+            if not math.isfinite(getattr(self, k)):
+                out.append(f"hardware.{k}: must be a finite temperature in C, got {getattr(self, k)}")
         for k in ("time_noise", "power_noise"):  # Gaussian relative jitter: wider, a reading may go negative
             if not 0 <= getattr(self, k) <= MAX_NOISE:
                 out.append(f"hardware.{k}: must be in [0, {MAX_NOISE}], got {getattr(self, k)}")
