@@ -116,6 +116,11 @@ def test_composition_typo_fails_on_one_line_listing_the_known_keys(tmp_path):
     ("parallel=[pp2_tp8,pp1_tp2]", "error: parallel=[pp2_tp8,pp1_tp2]: parallel takes one option, and a list merges "
                                    "them into one config; choose one of: pp10_tp8, pp1_tp2, pp2_cp2_tp4, pp2_tp2, "
                                    "pp2_tp8; to run each, sweep: -m parallel=pp2_tp8,pp1_tp2"),
+    # a deleted setting: a traceback from the run (a folder left behind), or "Error merging override"
+    ("~mode", "error: mode: a setting of the run cannot be deleted (~mode); set mode=VALUE instead, or leave it "
+              "at its default"),
+    ("~parallel.tp", "error: parallel.tp: a setting of the run cannot be deleted (~parallel.tp); set "
+                     "parallel.tp=VALUE instead, or leave it at its default"),
 ])
 def test_bad_override_is_one_line_naming_the_key_and_the_allowed_values(override, line):
     assert override_problems([*MISSION, override]) == [line.removeprefix("error: ")]

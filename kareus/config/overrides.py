@@ -164,6 +164,9 @@ def override_problems(argv: Sequence[str], check: JobCheck | None = None) -> lis
         parsed = OverridesParser.create().parse_overrides(call.overrides)
     except OverrideParseException as err:
         return [_message(err)]
+    deleted = _deleted_settings(parsed)
+    if deleted:
+        return deleted
     if any(o.key_or_group == "hydra.mode" for o in parsed):
         return []  # hydra.mode=MULTIRUN is multirun without -m: Hydra's call
     sweeps = [o.input_line for o in parsed if o.is_sweep_override()]
@@ -181,6 +184,21 @@ def override_problems(argv: Sequence[str], check: JobCheck | None = None) -> lis
         if merged:
             return merged
         return _sweep_problems(overrides, check) if call.multirun else _compose(overrides)[1]
+
+
+def _deleted_settings(parsed: Sequence[Any]) -> list[str]:
+    """``~mode``, ``~seed``, ``~parallel.tp``: a setting of the run's schema deleted. Top-level ones
+    passed composition and crashed the run with a traceback (a run folder left behind); nested ones
+    failed with Hydra's "Error merging override", which names no reason. ``~model`` stays Hydra's:
+    the run then says it has no model."""
+    import dataclasses
+
+    from kareus.config.schema import KareusConfig
+
+    fields = {f.name for f in dataclasses.fields(KareusConfig)} - {"model"}
+    return [f"{o.key_or_group}: a setting of the run cannot be deleted (~{o.key_or_group}); set "
+            f"{o.key_or_group}=VALUE instead, or leave it at its default"
+            for o in parsed if o.is_delete() and o.key_or_group.split(".")[0] in fields]
 
 
 MERGEABLE_GROUPS = ("experiment",)  # bundles of overrides: a list of them composes one ablation
