@@ -126,6 +126,12 @@ def test_bad_override_is_one_line_naming_the_key_and_the_allowed_values(override
     assert override_problems([*MISSION, override]) == [line.removeprefix("error: ")]
 
 
+def test_a_sweep_of_no_value_is_refused():
+    """range(0,0) launched no job and exited 0; under mode=run it recorded an empty sweep in MLflow."""
+    assert override_problems(["-m", *MISSION, "mode=describe,search", "seed=range(0,0)"]) == [
+        "seed=range(0,0): sweeps no value, so no job would run; give at least one"]
+
+
 def test_a_number_given_to_a_switch_is_refused_in_the_sweep_job_that_has_it():
     assert override_problems(["-m", *MISSION, "search.greedy=true,3"]) == [
         "job 1 (search.greedy=3): search.greedy: '3' is not a bool; allowed: true, false"]

@@ -446,6 +446,9 @@ def _sweep_problems(overrides: list[str], check: JobCheck | None) -> list[str]:
     except HydraException as err:
         return [_message(err)]
     swept = {o.get_key_element() for o in parsed if o.is_sweep_override()}
+    if not jobs:  # range(0,0), an empty glob: Hydra launches nothing and exits 0 (an empty sweep recorded)
+        empty = [o.input_line for o in parsed if o.is_sweep_override() and not list(o.sweep_string_iterator())]
+        return [f"{empty[0] if empty else 'the sweep'}: sweeps no value, so no job would run; give at least one"]
     lines = [f"{key}: one sweep records into one MLflow store and experiment; run one sweep per value"
              for key in sorted(swept) if key.lstrip("+~").startswith("tracking.")]
     for num, job in enumerate(jobs):
