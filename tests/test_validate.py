@@ -625,6 +625,7 @@ def test_frequency_controller_must_be_known():
 @pytest.mark.parametrize("overrides,line", [
     (("plan.deadline_s=-1",), "plan.deadline_s: must be positive seconds, got -1.0"),
     (("plan.energy_budget_j=0",), "plan.energy_budget_j: must be positive joules, got 0.0"),
+    (("plan.deadline_s=inf",), "plan.deadline_s: must be positive seconds, got inf"),  # no deadline: leave it unset
     (("plan.deadline_s=2", "plan.energy_budget_j=5000"),
      "plan.deadline_s and plan.energy_budget_j are exclusive: set at most one"),
 ])

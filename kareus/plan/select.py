@@ -1,6 +1,7 @@
 """Choosing one plan from the frontier: maximum throughput, minimum energy, a deadline or an energy budget."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Optional, Sequence
@@ -31,9 +32,10 @@ class PlanConfig:
         out = []
         if self.deadline_s is not None and self.energy_budget_j is not None:
             out.append("plan.deadline_s and plan.energy_budget_j are exclusive: set at most one")
-        if self.deadline_s is not None and not self.deadline_s > 0:
+        # inf is no deadline or budget: leave it unset (plan.select picks the plan then)
+        if self.deadline_s is not None and not 0 < self.deadline_s < math.inf:
             out.append(f"plan.deadline_s: must be positive seconds, got {self.deadline_s}")
-        if self.energy_budget_j is not None and not self.energy_budget_j > 0:
+        if self.energy_budget_j is not None and not 0 < self.energy_budget_j < math.inf:
             out.append(f"plan.energy_budget_j: must be positive joules, got {self.energy_budget_j}")
         return out
 
