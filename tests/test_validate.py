@@ -281,6 +281,10 @@ def test_a_component_switched_through_its_name_key_is_told_to_choose_the_option(
     got = problems("search.name=random")
     assert got == ["search: Key 'passes' not in 'RandomConfig'; search.name=random keeps the chosen search's other "
                    "settings: choose it with search=random instead"], got
+    # a name no option file is called by: those whose name: it is (hardware=cuda does not exist)
+    assert problems("hardware.name=cuda") == [
+        "hardware: Key 'eff_gemm' not in 'CudaConfig'; hardware.name=cuda keeps the chosen hardware's other settings: "
+        "choose it with one of hardware=a100_cuda, hardware=h100_cuda, hardware=h200_cuda instead"]
 
 
 @pytest.mark.parametrize("value,says", [("${nope}", "Interpolation key 'nope' not found"),

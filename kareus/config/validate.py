@@ -49,6 +49,20 @@ def _first_line(exc: Exception) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
+def _options_named(group: str, name: str) -> list[str]:
+    """The shipped option files of ``group`` whose ``name:`` is ``name`` (``hardware.name=cuda`` is
+    chosen as ``hardware=a100_cuda``, ...): what to tell a user who set the name instead of the option."""
+    import re
+    from importlib.resources import files
+
+    folder = files("kareus.conf") / group
+    found = []
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name) if folder.is_dir() else ():
+        if entry.name.endswith(".yaml") and re.search(rf"(?m)^name:\s*{re.escape(name)}\s*(#.*)?$", entry.read_text()):
+            found.append(entry.name[: -len(".yaml")])
+    return found
+
+
 def _typed_section(key: str, section: Any, problems: list[str]) -> Any:
     """The section as its typed dataclass, or None with the problem recorded."""
     if key in REGISTRY_SECTIONS:
@@ -66,8 +80,11 @@ def _typed_section(key: str, section: Any, problems: list[str]) -> Any:
         except Exception as exc:
             line = _first_line(exc)
             if "not in '" in line or "is not a subclass" in line:  # another component's fields under this name
+                options = _options_named(key, str(name))
+                choose = (f"{key}={options[0]}" if len(options) == 1 else
+                          f"one of {', '.join(f'{key}={o}' for o in options)}" if options else f"{key}={name}")
                 line += (f"; {key}.name={name} keeps the chosen {key}'s other settings: choose it with "
-                         f"{key}={name} instead")
+                         f"{choose} instead")
             problems.append(f"{key}: {line}")
             return None
     try:
