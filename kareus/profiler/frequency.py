@@ -262,6 +262,11 @@ class DeviceLockController(FrequencyController):
         self._guard.restore()
 
 
+def _measured_nvml_index(backend: HardwareBackend | None) -> int:
+    """The backend's ``hardware.nvml_index`` (the GPU it reads energy from), or -1: its own CUDA device."""
+    return int(getattr(getattr(backend, "cfg", None), "nvml_index", -1))
+
+
 @dataclass
 class NVMLFrequencyConfig:
     name: str = "nvml"
@@ -291,9 +296,8 @@ class NVMLFrequencyController(DeviceLockController):
         try:
             if cfg.devices:
                 handles = [pynvml.nvmlDeviceGetHandleByIndex(int(i)) for i in cfg.devices]
-            else:  # the GPU the backend measures: its hardware.nvml_index where one is set
-                override = int(getattr(getattr(backend, "cfg", None), "nvml_index", -1))
-                handles = [nvml_handle(pynvml, own_cuda_index(), override)]
+            else:  # the GPU the backend measures
+                handles = [nvml_handle(pynvml, own_cuda_index(), _measured_nvml_index(backend))]
             super().__init__(handles, backend)
         except Exception:  # no such GPU: NVML is not left initialised by an object nobody can close
             self._open = False
@@ -337,9 +341,8 @@ class ZeusFrequencyController(DeviceLockController):
         self._gpus = get_gpus()
         if cfg.devices:
             devices = list(cfg.devices)
-        else:  # the GPU the backend measures: its hardware.nvml_index where one is set
-            override = int(getattr(getattr(backend, "cfg", None), "nvml_index", -1))
-            devices = [zeus_index(self._gpus, own_cuda_index(), override)]
+        else:  # the GPU the backend measures
+            devices = [zeus_index(self._gpus, own_cuda_index(), _measured_nvml_index(backend))]
         super().__init__(devices, backend)
 
     def _call(self, method: str, index: int, *args: int) -> None:
