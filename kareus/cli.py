@@ -18,8 +18,8 @@ from hydra.core.object_type import ObjectType  # noqa: E402
 from hydra.experimental.callback import Callback  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from kareus.config.overrides import (CONFIG_MODULE, CONFIG_NAME, flags_first, override_problems,  # noqa: E402
-                                     searchpath_overrides, sweep_job_label)
+from kareus.config.overrides import (CONFIG_MODULE, CONFIG_NAME, flags_first, hydra_value,  # noqa: E402
+                                     override_problems, searchpath_overrides, sweep_job_label)
 
 
 @dataclass
@@ -49,19 +49,19 @@ class RunDirCallback(Callback):
     """
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        run_dir = Path(str(OmegaConf.select(config, "hydra.run.dir")))
+        run_dir = Path(hydra_value(config, "hydra.run.dir"))
         _JOB.made = _first_missing(run_dir)
         if _JOB.made is None:  # Hydra rewrites its config files and appends to the log of what is there
-            _JOB.kept = _hydra_files(run_dir, str(OmegaConf.select(config, "hydra.job.name")),
-                                     str(OmegaConf.select(config, "hydra.output_subdir")))
+            _JOB.kept = _hydra_files(run_dir, hydra_value(config, "hydra.job.name"),
+                                     hydra_value(config, "hydra.output_subdir"))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        sweep = Path(os.path.abspath(str(OmegaConf.select(config, "hydra.sweep.dir"))))
+        sweep = Path(os.path.abspath(hydra_value(config, "hydra.sweep.dir", as_job=False)))
         _JOB.made = _first_missing(sweep)
         if _JOB.made is None:  # each job's refusal puts back, or removes, what Hydra wrote for it
             _JOB.sweep_dirs = {sweep, *(p for p in sweep.rglob("*") if p.is_dir())}
-            names = _hydra_file_names(str(OmegaConf.select(config, "hydra.job.name")),
-                                      str(OmegaConf.select(config, "hydra.output_subdir")))
+            names = _hydra_file_names(hydra_value(config, "hydra.job.name"),
+                                      hydra_value(config, "hydra.output_subdir"))
             _JOB.sweep_files = {d / n: (d / n).read_bytes() for d in _JOB.sweep_dirs for n in names
                                 if (d / n).is_file()}
 
@@ -71,7 +71,7 @@ class RunDirCallback(Callback):
         own record) describe no result."""
         from kareus.tracking.store import PARENT_RUN_FILE
 
-        sweep = Path(os.path.abspath(str(OmegaConf.select(config, "hydra.sweep.dir"))))
+        sweep = Path(os.path.abspath(hydra_value(config, "hydra.sweep.dir", as_job=False)))
         if sweep.is_dir() and {p.name for p in sweep.iterdir()} <= {"multirun.yaml", PARENT_RUN_FILE}:
             _remove_made(sweep)
 
@@ -365,26 +365,11 @@ def _terminate(signum: int, frame: Any) -> NoReturn:
     raise SystemExit(128 + signal.SIGTERM)
 
 
-def _output_dir_problems(argv: list[str]) -> list[str]:
-    """A ``hydra.run.dir`` / ``hydra.sweep.dir`` given on the command line where no folder can be made:
-    Hydra would fail creating it with a traceback. (Interpolated ones are left to Hydra.)"""
-    from kareus.paths import folder_problem
-
-    out = []
-    for arg in argv:
-        key, _, value = arg.partition("=")
-        if key in ("hydra.run.dir", "hydra.sweep.dir") and value and "${" not in value:
-            problem = folder_problem(value)
-            if problem:
-                out.append(f"{key}: {problem}")
-    return out
-
-
 def main() -> None:
     """Console entry point (``kareus`` and ``python -m kareus``)."""
     if {"--help", "-h", "--hydra-help"} & set(sys.argv[1:]):
         _list_groups_from_one_repository()
-    problems = override_problems(sys.argv[1:], _problems) or _output_dir_problems(sys.argv[1:])
+    problems = override_problems(sys.argv[1:], _problems)
     if problems:
         _fail(problems, None)
     sys.argv[1:] = flags_first(sys.argv[1:])

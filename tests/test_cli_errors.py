@@ -342,6 +342,35 @@ def test_a_place_no_folder_can_be_made_is_one_line(tmp_path, arg, first):
     assert left_behind(tmp_path) == []
 
 
+@pytest.mark.parametrize("args, line", [
+    (["hydra.run.dir=${oc.env:KAREUS_TEST_UNSET}"], "hydra.run.dir: ${oc.env:KAREUS_TEST_UNSET} does not resolve "
+     "(KeyError raised while resolving interpolation: \"Environment variable 'KAREUS_TEST_UNSET' not found\")"),
+    (["hydra.job.name=logs/mine"], "hydra.job.name: 'logs/mine' names the run's log file (<name>.log) in its folder; "
+     "give a plain file name, without '/' or '\\'"),
+    (["-m", "seed=1,2", "hydra.sweep.dir=sweeps/${hydra:job.name}"], "hydra.sweep.dir: sweeps/${hydra:job.name} does "
+     "not resolve (Hydra makes the sweep's folder before any job's ${hydra:...} is known)"),
+])
+def test_a_run_folder_or_log_name_hydra_cannot_use_is_one_line(tmp_path, monkeypatch, args, line):
+    """Each failed inside Hydra with a traceback: resolving the folder, or opening the log file in a
+    folder that does not exist."""
+    monkeypatch.delenv("KAREUS_TEST_UNSET", raising=False)
+    assert override_problems(["+model=tiny", "parallel=pp1_tp2", *args]) == [line]
+
+
+def test_a_run_folder_named_by_hydras_own_values_is_checked_and_cleaned_as_any_other(tmp_path):
+    """``${hydra:job.name}`` in the run folder resolves as Hydra resolves it in the job: it was
+    refused as unresolvable, and the folder a describe run made was left behind."""
+    args = ("+model=tiny", "parallel=pp1_tp2", "hydra.run.dir=notes/${hydra:job.name}")
+    assert override_problems(list(args)) == []
+    res = kareus(tmp_path, *args, "mode=describe")
+    assert res.returncode == 0 and "Warning" not in res.stderr, res.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []
+    assert refused(tmp_path, "hydra.job.name=a/b", *args) == [
+        "error: hydra.job.name: 'a/b' names the run's log file (<name>.log) in its folder; give a plain file name, "
+        "without '/' or '\\'"]
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_replayed_table_without_the_models_partitions_is_one_line(tmp_path):
     from kareus.hardware.tables import convert_a100_attention
 

@@ -252,8 +252,9 @@ def searchpath_overrides(argv: Sequence[str]) -> list[str]:
     return [f"hydra.searchpath=[{','.join(f'file://{Path(d).resolve()}' for d in call.config_dirs)}]"]
 
 
-def _compose(overrides: list[str], hydra: bool = True) -> tuple[Any, list[str]]:
-    """(config, []) or (None, [the composition error as one line])."""
+def _compose(overrides: list[str], hydra: bool = True, multirun: bool = False) -> tuple[Any, list[str]]:
+    """(config, []) or (None, [the composition error as one line]). ``hydra``: with Hydra's own
+    section, whose output folder and log name are checked (the sweep's folder when ``multirun``)."""
     from hydra import compose
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -270,7 +271,56 @@ def _compose(overrides: list[str], hydra: bool = True) -> tuple[Any, list[str]]:
         return None, [_unreadable(err) or _group_given_a_value(overrides)
                       or f"config: the overrides do not compose ({type(err).__name__}: {_first_line(str(err))})"]
     problems = _numbers_as_bools(cfg, overrides) + _numbers_as_bools_in_user_files(cfg, overrides)
+    if hydra and not problems:
+        problems = _output_problems(cfg, multirun)
     return (None, problems) if problems else (cfg, [])
+
+
+def hydra_value(cfg: Any, key: str, as_job: bool = True) -> str:
+    """``key`` of Hydra's section (``hydra.run.dir``), resolved as in the job (``as_job``):
+    ``${hydra:job.name}`` needs Hydra's config set, which it is not yet while composing or in a
+    run-start callback. Hydra's sweeper resolves the sweep's folder without it (``as_job=False``)."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    held = HydraConfig.instance().cfg
+    if as_job:
+        HydraConfig.instance().set_config(cfg)
+    try:
+        return str(OmegaConf.select(cfg, key, throw_on_resolution_failure=True))
+    finally:
+        HydraConfig.instance().cfg = held
+
+
+def _output_problems(cfg: Any, multirun: bool) -> list[str]:
+    """The run's folder (``hydra.sweep.dir`` in a sweep) and log name as Hydra would resolve them: one
+    that does not resolve (``${oc.env:UNSET}``), a folder that cannot be made, or a ``hydra.job.name``
+    that is no file name fails inside Hydra with a traceback, before the job starts."""
+    from omegaconf import OmegaConf
+
+    from kareus.paths import folder_problem
+
+    folder = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    values, out = {}, []
+    for key in (folder, "hydra.job.name"):
+        try:
+            values[key] = hydra_value(cfg, key, as_job=key != "hydra.sweep.dir")
+        except Exception as err:  # noqa: BLE001  (a resolver's own error, whatever its type)
+            section, _, leaf = key.rpartition(".")
+            raw = OmegaConf.to_container(OmegaConf.select(cfg, section), resolve=False)[leaf]
+            why = _first_line(str(err.__cause__ or err))
+            if "HydraConfig was not set" in why:
+                why = "Hydra makes the sweep's folder before any job's ${hydra:...} is known"
+            out.append(f"{key}: {raw} does not resolve ({why})")
+    name = values.get("hydra.job.name")
+    if name is not None and ("/" in name or "\\" in name or name in ("", ".", "..")):
+        out.append(f"hydra.job.name: {name!r} names the run's log file (<name>.log) in its folder; "
+                   f"give a plain file name, without '/' or '\\'")
+    if values.get(folder):
+        problem = folder_problem(values[folder])
+        if problem:
+            out.append(f"{folder}: {problem}")
+    return out
 
 
 def _numbers_as_bools(cfg: Any, overrides: list[str]) -> list[str]:
@@ -432,7 +482,7 @@ def _sweep_problems(overrides: list[str], check: JobCheck | None) -> list[str]:
     from hydra.errors import HydraException
 
     fixed = [o.input_line for o in OverridesParser.create().parse_overrides(overrides) if not o.is_sweep_override()]
-    base, problems = _compose(fixed)
+    base, problems = _compose(fixed, multirun=True)
     if problems:
         return problems
     sweeper = base.hydra.sweeper
