@@ -636,6 +636,27 @@ def test_a_user_model_file_that_cannot_be_used_is_one_line_naming_it(tmp_path, n
     assert left_behind(tmp_path) == []
 
 
+def test_a_primary_config_in_a_users_config_dir_is_refused_not_ignored(tmp_path):
+    """Hydra reads Kareus' own ``config.yaml`` first: the user's, with its ``seed: 7``, was ignored."""
+    (tmp_path / "userconf").mkdir()
+    (tmp_path / "userconf" / "config.yaml").write_text("seed: 7\n")
+    assert override_problems(["--config-dir", str(tmp_path / "userconf"), "+model=tiny"]) == [
+        f"--config-dir: {tmp_path / 'userconf' / 'config.yaml'} would be ignored: the run's primary config is "
+        "Kareus' own; put its settings in experiment/NAME.yaml (first line '# @package _global_') and choose it "
+        "with +experiment=NAME"]
+
+
+@pytest.mark.parametrize("args, line", [
+    (["+model=tiny", "+model=qwen1.7b"], "model: chosen more than once (+model=tiny, +model=qwen1.7b); give one option"),
+    (["+model=tiny", "+search=tpe"], "+search=tpe: search already has an option (its default); choose another "
+                                     "with search=tpe"),
+])
+def test_a_group_chosen_twice_is_told_what_to_type(args, line):
+    """Hydra's "Multiple values for model. To override a value use 'override model: ...'" names a
+    defaults-list form that has no place on the command line."""
+    assert override_problems(args) == [line]
+
+
 def test_a_config_group_given_a_value_is_told_to_choose_an_option(tmp_path):
     res = kareus(tmp_path, "+model={name:x}", "mode=describe")
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]

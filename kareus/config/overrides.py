@@ -226,8 +226,8 @@ def _merged_group_lists(parsed: Sequence[Any]) -> list[str]:
 
 
 def _shadowed_options(config_dirs: Sequence[str]) -> list[str]:
-    """A user's option named as a shipped one of its group: Hydra picks the shipped file, so the
-    user's edits would be ignored without a word."""
+    """A user's option named as a shipped one of its group, or a primary config beside them: Hydra
+    picks the shipped file, so the user's edits would be ignored without a word."""
     import importlib
 
     shipped = Path(importlib.import_module(CONFIG_MODULE).__file__).parent
@@ -235,6 +235,10 @@ def _shadowed_options(config_dirs: Sequence[str]) -> list[str]:
     out = []
     for folder in config_dirs:
         root = Path(folder).resolve()
+        if (root / f"{CONFIG_NAME}.yaml").is_file():
+            out.append(f"--config-dir: {root / CONFIG_NAME}.yaml would be ignored: the run's primary config is "
+                       f"Kareus' own; put its settings in experiment/NAME.yaml (first line '# @package _global_') "
+                       f"and choose it with +experiment=NAME")
         for option in options:
             if (root / option).is_file():
                 group = option.parent.as_posix()
@@ -262,7 +266,7 @@ def _compose(overrides: list[str], hydra: bool = True, multirun: bool = False) -
     try:
         cfg = compose(CONFIG_NAME, overrides=overrides, return_hydra_config=hydra)
     except (HydraException, OmegaConfBaseException) as err:
-        return None, [_message(err)]
+        return None, [_repeated_group(err, overrides) or _message(err)]
     except UnicodeDecodeError as err:  # a ValueError too: a user's YAML file that is not text
         return None, [_file_not_text(err, overrides)]
     except ValueError as err:  # e.g. ``search=null``: Hydra refuses a group choice of null this way
@@ -321,6 +325,19 @@ def _output_problems(cfg: Any, multirun: bool) -> list[str]:
         if problem:
             out.append(f"{folder}: {problem}")
     return out
+
+
+def _repeated_group(err: Exception, overrides: list[str]) -> str | None:
+    """``+model=a +model=b``: Hydra's "Multiple values for model" points at a defaults-list syntax
+    that has no place on the command line."""
+    found = re.match(r"Multiple values for ([\w/.-]+)\.", str(err))
+    if found is None:
+        return None
+    group = found.group(1)
+    given = [o for o in overrides if o.partition("=")[0].lstrip("+~") in (group, group.replace("/", "."))]
+    if len(given) == 1 and given[0].startswith("+"):  # ``+search=tpe``: the group has its default option
+        return f"{given[0]}: {group} already has an option (its default); choose another with {given[0][1:]}"
+    return f"{group}: chosen more than once ({', '.join(given)}); give one option"
 
 
 def _numbers_as_bools(cfg: Any, overrides: list[str]) -> list[str]:
