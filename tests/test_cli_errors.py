@@ -663,6 +663,10 @@ def test_a_config_group_given_a_value_is_told_to_choose_an_option(tmp_path):
     assert error_lines(res.stderr) == ["error: +model={name:x}: model is a config group: choose an option by name "
                                        "(+model=NAME) and set its fields as model.FIELD=VALUE"]
     assert left_behind(tmp_path) == []
+    # a nested group: Hydra named the top level's keys as the ones known
+    assert override_problems(["+model=tiny", "profiler/cooldown={seconds:1}"]) == [
+        "profiler/cooldown={seconds:1}: profiler/cooldown is a config group: choose an option by name "
+        "(profiler/cooldown=NAME) and set its fields as profiler.cooldown.FIELD=VALUE"]
 
 
 def test_a_sweep_job_whose_slots_leave_a_partition_empty_is_refused_before_any_job_runs(tmp_path):

@@ -266,7 +266,7 @@ def _compose(overrides: list[str], hydra: bool = True, multirun: bool = False) -
     try:
         cfg = compose(CONFIG_NAME, overrides=overrides, return_hydra_config=hydra)
     except (HydraException, OmegaConfBaseException) as err:
-        return None, [_repeated_group(err, overrides) or _message(err)]
+        return None, [_repeated_group(err, overrides) or _group_given_a_value(overrides) or _message(err)]
     except UnicodeDecodeError as err:  # a ValueError too: a user's YAML file that is not text
         return None, [_file_not_text(err, overrides)]
     except ValueError as err:  # e.g. ``search=null``: Hydra refuses a group choice of null this way
@@ -464,16 +464,17 @@ def _file_not_text(err: UnicodeDecodeError, overrides: list[str]) -> str:
 
 
 def _group_given_a_value(overrides: list[str]) -> str | None:
-    """``+model={name: x}``: a config group takes an option's name (Hydra's merge fails without a word)."""
+    """``+model={name: x}``, ``profiler/cooldown={seconds: 1}``: a config group takes an option's name
+    (Hydra's merge fails without a word, or names the top level's keys as the ones known)."""
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     loader = GlobalHydra.instance().config_loader()
     for o in OverridesParser.create().parse_overrides(overrides):
         if isinstance(o.value(), (dict, list)) and loader.get_group_options(o.key_or_group):
-            add = "+" if o.is_add() else ""
-            return (f"{o.input_line}: {o.key_or_group} is a config group: choose an option by name "
-                    f"({add}{o.key_or_group}=NAME) and set its fields as {o.key_or_group}.FIELD=VALUE")
+            add, group = "+" if o.is_add() else "", o.key_or_group
+            return (f"{o.input_line}: {group} is a config group: choose an option by name "
+                    f"({add}{group}=NAME) and set its fields as {group.replace('/', '.')}.FIELD=VALUE")
     return None
 
 
