@@ -40,5 +40,22 @@ def llama_partitions():
     return PARTITIONERS.build("nanobatch", config={}).partition(build_workload(model, par))
 
 
+@lru_cache(maxsize=None)
+def tiny_partitions():
+    """Partition types of the shipped tiny model at TP=2 (``+model=tiny parallel=pp1_tp2``): kernels
+    so small that calls turn host-bound as the clock rises."""
+    import kareus.partition  # noqa: F401  (registers the partitioners)
+    from omegaconf import OmegaConf
+
+    from kareus.config.schema import ModelConfig, ParallelConfig
+    from kareus.registry import PARTITIONERS
+    from kareus.workload import build_workload
+
+    conf = ROOT / "kareus" / "conf"
+    model, par = (OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.load(conf / path))).spec()
+                  for schema, path in ((ModelConfig, "model/tiny.yaml"), (ParallelConfig, "parallel/pp1_tp2.yaml")))
+    return PARTITIONERS.build("nanobatch", config={}).partition(build_workload(model, par))
+
+
 def attention_partition():
     return llama_partitions().type("fwd_attn")

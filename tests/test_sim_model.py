@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from _hw_helpers import attention_partition, llama_partitions, sim_config
+from _hw_helpers import attention_partition, llama_partitions, sim_config, tiny_partitions
 from kareus.hardware.model import comm_time, host_cost, op_times, simulate, simulate_partition, voltage_ratio
 from kareus.types import SEQUENTIAL, Collective, Link, Op, OpKind
 
@@ -355,3 +355,21 @@ def test_simulated_times_keep_their_order_across_clocks_and_overlap(name):
                 for s in t.slots:
                     o = simulate(c, t.compute, t.comm, f, sms, s.start, t.join).time_s
                     assert o >= max(chain, alone) * (1 - 1e-9), (t.key, s.label, f, sms)
+
+
+def test_a_sequential_call_turning_host_bound_never_slows_with_the_clock_or_more_comm_sms():
+    """On tiny's partitions a sequential call crosses into host-bound as the clock or the comm's SMs
+    rise. The compute stream's wait for the host to issue the comm was counted as its own busy time, so
+    the crossing read up to 7.6% slower (bwd_trail, 2 SMs: 1350 MHz slower than 1290)."""
+    c = sim_config("a100_sim")
+    clocks = range(c.min_mhz, c.max_mhz + 1, c.step_mhz)
+    for t in tiny_partitions().types:
+        if t.comm is None:
+            continue
+        for slot in (SEQUENTIAL, *(s.label for s in t.slots)):
+            for sms in (2, 8, 16, 17):
+                times = [simulate_partition(c, t, slot, sms, f).time_s for f in clocks]
+                assert all(b <= a * (1 + 1e-9) for a, b in zip(times, times[1:])), (t.key, slot, sms)
+        for f in clocks:
+            times = [simulate_partition(c, t, SEQUENTIAL, sms, f).time_s for sms in range(1, 33)]
+            assert all(b <= a * (1 + 1e-9) for a, b in zip(times, times[1:])), (t.key, f)

@@ -234,7 +234,7 @@ def _execute(
     overlap = exposed = 0.0
     chain_traffic = 0.0  # bytes sent by collectives inside the chain
     t = 0.0  # the compute stream is free from t
-    host_wait = 0.0  # time the compute stream idles for the host's issue alone
+    host_wait = 0.0  # time the compute stream idles for the host's issue alone (an op's, or a comm's it waits on)
 
     def run_alone(t0: float, t1: float) -> None:
         """The compute stream idles in [t0, t1): the comm, if started, runs alone."""
@@ -255,6 +255,7 @@ def _execute(
         if has_comm and ((seq and k == 0) or (join is not None and k == join + 1)):
             run_alone(t, math.inf)  # the op after the join waits for the comm
             free = max(t, comm_end)
+            host_wait += max(0.0, min(ready, free) - t)  # while the host had not yet issued the comm
             begin = max(free, issue[k])
         else:
             free = t
