@@ -68,6 +68,8 @@ def test_cross_field_problems_one_line_each_nothing_written(tmp_path):
     assert res.returncode == 2, out
     assert "Traceback" not in out
     assert error_lines(res.stderr) == [
+        "error: parallel.tp: tp*cp=3 does not divide a node's 8 GPUs (hardware.gpus_per_node): a tensor/context-parallel "
+        "group would span two nodes",
         "error: parallel.tp: 3 does not divide model.num_attention_heads=16",
         "error: parallel.tp: 3 does not divide model.num_kv_heads=8",
         "error: search.budget: must be > 0, got 0",

@@ -373,3 +373,18 @@ def test_a_sequential_call_turning_host_bound_never_slows_with_the_clock_or_more
         for f in clocks:
             times = [simulate_partition(c, t, SEQUENTIAL, sms, f).time_s for sms in range(1, 33)]
             assert all(b <= a * (1 + 1e-9) for a, b in zip(times, times[1:])), (t.key, f)
+
+
+@pytest.mark.parametrize("override, line", [
+    # the knee at the top clock read V(f_max)/V(f_max) as v_min/v_max: half the SM power one step away
+    (dict(max_mhz=1410, v_knee_mhz=1410), "hardware.v_knee_mhz: must be below max_mhz=1410 (the voltage rises from "
+     "the knee to the top clock), got 1410; to search lower clocks only, set search.space.freq_mhz.max"),
+    # the soft minimum of the SMs' and the link's rates underflowed to 0: every candidate crashed
+    (dict(comm_sharpness=1e-4), "hardware.comm_sharpness: must be in [1, 16.0], got 0.0001"),
+    (dict(ambient_c=-300.0), "hardware.ambient_c: must be above absolute zero (-273.15 C), got -300.0"),
+    # static power at its 0 W floor: the settling temperature read a loaded GPU below ambient
+    (dict(static_ref_c=2000.0), "hardware.static_ref_c/static_temp_coeff: static power would fall to 0 W at the "
+     "ambient 30.0 C (1 + static_temp_coeff x (ambient_c - static_ref_c) = -10.8); it must stay above 0"),
+])
+def test_a_simulator_setting_that_breaks_its_physics_is_refused(override, line):
+    assert sim_config(**override).problems() == [line]

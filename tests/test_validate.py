@@ -157,6 +157,22 @@ def test_node_size_comes_from_the_hardware():
     assert problems("hardware.gpus_per_node=4") == ["parallel.tp: tp*cp=8 GPUs do not fit one node of 4 GPUs"]
 
 
+def test_a_group_that_would_span_two_nodes_is_refused():
+    """Three GPUs per node put stage 1's TP group on ranks 2 and 3, across two nodes, modelled on NVLink."""
+    assert problems("hardware.gpus_per_node=3", "parallel.tp=2", "parallel.cp=1") == [
+        "parallel.tp: tp*cp=2 does not divide a node's 3 GPUs (hardware.gpus_per_node): a tensor/context-parallel "
+        "group would span two nodes"]
+    assert problems("hardware.gpus_per_node=4", "parallel.tp=2", "parallel.cp=1") == []
+
+
+def test_an_energy_counter_slower_than_the_profilers_windows_is_refused():
+    """Every window failed as shorter than the counter's period; the run ended with empty frontiers."""
+    assert problems("hardware.counter_period_s=100") == [
+        "hardware.counter_period_s: 100 s is not shorter than profiler.target_window_s=5 s: no window would see "
+        "the energy counter update"]
+    assert problems("hardware.counter_period_s=1") == []
+
+
 def test_fewer_microbatches_than_stages_is_allowed_as_megatron_allows_it():
     """Megatron's non-interleaved 1F1B warms up min(pp - rank - 1, microbatches) steps: the pipeline
     never fills, but it runs, and so does its plan."""
@@ -378,7 +394,7 @@ def test_impossible_datasheet_values_are_refused(field, bad, bound):
 
 SIM_RULES = [  # each passed validation and then turned the model around or divided by zero mid-search
     ("hardware.comm_clock_exp=-0.8", "hardware.comm_clock_exp: must be >= 0, got -0.8"),  # comm faster when slower
-    ("hardware.comm_sharpness=0", "hardware.comm_sharpness: must be > 0, got 0.0"),  # ZeroDivisionError
+    ("hardware.comm_sharpness=0", "hardware.comm_sharpness: must be in [1, 16.0], got 0.0"),  # ZeroDivisionError
     ("hardware.vector_tflops=0", "hardware.vector_tflops: must be > 0, got 0.0"),
     ("hardware.act_gemm=-1", "hardware.act_gemm: must be >= 0, got -1.0"),  # negative dynamic power
     ("hardware.thermal_r_c_per_w=-0.09", "hardware.thermal_r_c_per_w: must be >= 0, got -0.09"),  # below ambient
@@ -671,6 +687,8 @@ def test_every_problem_is_reported_together(hw):
         "parallel.nanobatches: the nanobatch partitioner needs 2, got 3",
         "parallel.tp: 3 does not divide model.num_attention_heads=16",
         "parallel.tp: 3 does not divide model.num_kv_heads=8",
+        "parallel.tp: tp*cp=3 does not divide a node's 8 GPUs (hardware.gpus_per_node): a tensor/context-parallel "
+        "group would span two nodes",
         "search.budget: must be > 0, got 0",
         f"search.space.sms: [500] outside 1..{hw.max_comm_sms} for {hw.gpu} (hardware.max_comm_sms)",
         "profiler.repeats: must be >= 1, got 0",

@@ -116,6 +116,9 @@ def validate_model_parallel(model: Any, p: Any, gpus_per_node: int) -> list[str]
                         f"(seq_len/cp) do not split over tp={p.tp}")
     if p.tp * p.cp > gpus_per_node:
         problems.append(f"parallel.tp: tp*cp={p.tp * p.cp} GPUs do not fit one node of {gpus_per_node} GPUs")
+    elif gpus_per_node % (p.tp * p.cp):  # Megatron places a group on consecutive ranks: one would cross nodes
+        problems.append(f"parallel.tp: tp*cp={p.tp * p.cp} does not divide a node's {gpus_per_node} GPUs "
+                        f"(hardware.gpus_per_node): a tensor/context-parallel group would span two nodes")
     import kareus.compose.schedule  # noqa: F401  (registers the schedules)
     from kareus.registry import SCHEDULES
 
@@ -152,6 +155,17 @@ def validate_model_parallel(model: Any, p: Any, gpus_per_node: int) -> list[str]
 def measures_real_gpu(hardware: Any) -> bool:
     """Whether the hardware config measures a physical GPU (plugin configs may lack ``real_clock``)."""
     return bool(getattr(hardware, "real_clock", lambda: False)())
+
+
+def validate_counter_period(hardware: Any, profiler: Any) -> list[str]:
+    """A simulated energy counter that updates no faster than the profiler's windows last: every
+    window would fail as shorter than its period, and the run end with no frontier."""
+    period = getattr(hardware, "counter_period_s", None)
+    target = profiler.target_window_s
+    if not isinstance(period, (int, float)) or not isinstance(target, (int, float)) or not 0 < target <= period:
+        return []
+    return [f"hardware.counter_period_s: {period:g} s is not shorter than profiler.target_window_s={target:g} s: "
+            f"no window would see the energy counter update"]
 
 
 def validate_clock_control(hardware: Any, profiler: Any) -> list[str]:
@@ -300,6 +314,7 @@ def validate(cfg: Any) -> dict[str, Any]:
         problems += [fit] if fit else []
     if "hardware" in typed and "profiler" in typed:
         problems += validate_clock_control(typed["hardware"], typed["profiler"])
+        problems += validate_counter_period(typed["hardware"], typed["profiler"])
         if gpu is not None:
             problems += validate_unlocked_clock(typed["profiler"], typed.get("search"), gpu)
     real = "hardware" in typed and measures_real_gpu(typed["hardware"])

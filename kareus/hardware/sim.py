@@ -102,7 +102,7 @@ class SimulatedGPU(LockedClock):
 
     def _static_w(self, out: Outcome, temp_c: float) -> float:
         c = self.cfg
-        return c.static_power_w * out.static_scale * max(0.0, 1.0 + c.static_temp_coeff * (temp_c - c.static_ref_c))
+        return c.static_power_w * out.static_scale * max(0.0, c.static_scale_at(temp_c))
 
     def _heat(self, out: Outcome, seconds: float) -> float:
         """Run ``out`` back to back for ``seconds``: the temperature follows the power and static power

@@ -99,15 +99,33 @@ class SimConfig(GPUConfig):
             "act_attention", "act_memory", "act_comm", "hbm_pj_per_byte", "link_pj_per_byte", "static_temp_coeff",
             "comm_clock_exp", "thermal_r_c_per_w", "v_knee_mhz",  # 0: no clock dependence, no self-heating
         ), positive=(
-            "vector_tflops", "gemm_tile_flops", "comm_sm_gbps", "comm_sharpness", "p_sm_w", "v_max", "v_min",
+            "vector_tflops", "gemm_tile_flops", "comm_sm_gbps", "p_sm_w", "v_max", "v_min",
             "thermal_tau_s", "counter_period_s", "host_scale",
         ))
         if self.v_min > self.v_max:
             out.append(f"hardware.v_min: {self.v_min} exceeds v_max {self.v_max}")
+        if self.v_knee_mhz >= self.max_mhz:  # V(f)/V(f_max) is 1 at the top clock by definition
+            out.append(f"hardware.v_knee_mhz: must be below max_mhz={self.max_mhz} (the voltage rises from the "
+                       f"knee to the top clock), got {self.v_knee_mhz}; to search lower clocks only, set "
+                       f"search.space.freq_mhz.max")
+        if not 1 <= self.comm_sharpness <= MAX_SHARPNESS:  # a soft minimum of the SMs' and the link's rates
+            out.append(f"hardware.comm_sharpness: must be in [1, {MAX_SHARPNESS}], got {self.comm_sharpness}")
+        if math.isfinite(self.ambient_c) and self.ambient_c <= ABSOLUTE_ZERO_C:
+            out.append(f"hardware.ambient_c: must be above absolute zero ({ABSOLUTE_ZERO_C} C), got {self.ambient_c}")
+        elif math.isfinite(self.ambient_c + self.static_ref_c) and self.static_scale_at(self.ambient_c) <= 0:
+            # the GPU is never cooler than the air: static power would sit at its 0 W floor, where the
+            # settling temperature's linear loop no longer holds (a loaded GPU read below ambient)
+            out.append(f"hardware.static_ref_c/static_temp_coeff: static power would fall to 0 W at the ambient "
+                       f"{self.ambient_c} C (1 + static_temp_coeff x (ambient_c - static_ref_c) = "
+                       f"{self.static_scale_at(self.ambient_c):.3g}); it must stay above 0")
         if self.thermal_loop_gain >= 1:  # each watt of static power heats the GPU into a watt more: no steady state
             out.append(f"hardware.thermal_r_c_per_w x static_power_w x static_temp_coeff: must be below 1 "
                        f"(thermal runaway), got {self.thermal_loop_gain:.3g}")
         return out
+
+    def static_scale_at(self, temp_c: float) -> float:
+        """Static power at ``temp_c`` relative to ``static_power_w`` (at full voltage), before its 0 W floor."""
+        return 1.0 + self.static_temp_coeff * (temp_c - self.static_ref_c)
 
     @property
     def thermal_loop_gain(self) -> float:
@@ -117,3 +135,5 @@ class SimConfig(GPUConfig):
 
 
 MAX_NOISE = 0.1  # ten standard deviations from a negative time or power
+MAX_SHARPNESS = 16.0  # past it the soft minimum is the hard one; a larger power underflows
+ABSOLUTE_ZERO_C = -273.15
