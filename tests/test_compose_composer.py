@@ -428,3 +428,24 @@ def test_perseus_says_when_its_time_quantum_merges_an_instructions_options(caplo
         fine = COMPOSERS.build("perseus", config={"name": "perseus", "unit_time_s": 1e-6}).compose(dag, opts, 80.0, 1, 2)
     assert "compose.unit_time_s" not in caplog.text
     assert min(fine.energies) < 0.95 * min(coarse.energies)
+
+
+@pytest.mark.parametrize("seed", [4, 5, 6])
+def test_asking_for_one_more_time_only_adds_plans(seed):
+    """A user's deadline joins the times asked for (Megatron's, Perseus' points). The LP is degenerate:
+    a solve chained from the one before, or a descent start displaced by a plan the new solve found,
+    returned other optima, and a run with ``plan.deadline_s`` lost plans far from it (and moved the
+    saving quoted against Megatron + Perseus)."""
+    from kareus.compose.synthetic import synthetic_options
+
+    dag, opts = pipeline_dag("1f1b", 3, 6), synthetic_options(3, seed=seed)
+    composer = KareusComposer(KareusComposerConfig(num_deadlines=6))
+    plain = composer.compose(dag, opts, 75.0, 4, 3)
+    times = plain.times
+    asked = [float(a + 0.5 * (b - a)) for a, b in zip(times[:-1], times[1:])][::3]
+    base = composer.compose(dag, opts, 75.0, 4, 3, deadlines=asked)
+    for extra in asked[1::2]:
+        more = composer.compose(dag, opts, 75.0, 4, 3, deadlines=[*asked, extra * 0.999])
+        lost = [(t, e) for t, e in zip(base.times, base.energies)
+                if not any(t2 <= t * (1 + 1e-12) and e2 <= e * (1 + 1e-12) for t2, e2 in zip(more.times, more.energies))]
+        assert lost == [], (extra, lost[:3])

@@ -9,13 +9,15 @@ its options' (time, dynamic energy), finish by D, minimise total energy" is a li
          f_i <= T <= D                      (sinks)
          d_i in [fastest_i, cheapest_i]
 
-HiGHS solves the first deadline from scratch and every further one from the previous optimal basis
-(only the bound on T moves), so a sweep costs a few simplex pivots per deadline; Perseus'
+HiGHS solves the first deadline from scratch and every further one of the sweep from the previous
+optimal basis (only the bound on T moves), so a sweep costs a few simplex pivots per deadline; Perseus'
 Phillips-Dessouky walk instead solves a max-flow for every time quantum. The sweep covers the
 fastest iteration up to the LP's unconstrained energy optimum: on the hull, slower is never better.
 Measured options above the hull can still make a slower iteration cheaper, so the cheapest point
 found then descends: each instruction in turn takes the slower option that lowers the exact total
-energy most (its longer path may lengthen the iteration), until no move helps.
+energy most (its longer path may lengthen the iteration), until no move helps. Times asked for (a
+deadline, a time to compare at) are solved last, each from the sweep's final basis: the LP is
+degenerate, so one more asked time only adds plans and changes none found for the others.
 
 Each LP solution is rounded to measured options (the cheapest option no slower than d_i, which keeps
 the deadline, and the nearest option); then slack is reclaimed greedily, in reverse and in forward
@@ -217,10 +219,12 @@ class _Sweep:
                 reached.append(self.add(cur))
         return reached
 
-    def solve_at(self, deadline: float, lp_deadline: float | None = None) -> list[tuple[int, ...]]:
+    def solve_at(self, deadline: float, lp_deadline: float | None = None,
+                 from_kept: bool = False) -> list[tuple[int, ...]]:
         """The relaxed optimum at ``lp_deadline`` (default: ``deadline``), rounded to options and its
-        slack reclaimed up to ``deadline``; the choices of the plans it reached ([] if infeasible)."""
-        sol = self.lp.solve(deadline if lp_deadline is None else lp_deadline)
+        slack reclaimed up to ``deadline``; the choices of the plans it reached ([] if infeasible).
+        ``from_kept``: an asked time's solve, started from the sweep's basis (``_LP.solve``)."""
+        sol = self.lp.solve(deadline if lp_deadline is None else lp_deadline, from_kept)
         if sol is None:
             return []
         roundings = [_round(self.node_tab, sol[0], nearest=False)]
@@ -234,7 +238,7 @@ class _Sweep:
         solve found count too: a lower LP deadline that rounds to known plans, none in time, goes lower."""
         lp_deadline = deadline
         for _ in range(1 if self.sw is None else MEET_TRIES):
-            reached = set(self.solve_at(deadline, lp_deadline))
+            reached = set(self.solve_at(deadline, lp_deadline, from_kept=True))
             times = [a.time_s for a in self.results if a.choice in reached]
             if not times or any(within_limit(t, deadline) for t in times):
                 return
@@ -244,7 +248,7 @@ class _Sweep:
 
     def run(self, deadlines: Sequence[float], num_deadlines: int) -> None:
         """Both ends, ``num_deadlines`` evenly spaced solves up to the LP's energy optimum (on the hull,
-        slower is never better), a solve per asked time in that range, then the energy descent."""
+        slower is never better), the energy descent, then a solve per asked time in that range."""
         zeros = np.zeros(len(self.dag), dtype=int)
         self.add(zeros)
         self.add(np.array([len(tb.t) - 1 for tb in self.node_tab]))
@@ -256,8 +260,14 @@ class _Sweep:
             self.reclaimed(zeros, None)
         for deadline in evenly:
             self.solve_at(float(deadline))
+        self.lp.keep_basis()  # each asked time starts here, whichever others are asked
+        self.descend()
         for deadline in sorted(set(asked)):
             self.meet(deadline)
+
+    def descend(self) -> None:
+        """The energy descent from the cheapest points the sweep found. Asked times are met after it, so
+        a further asked time only adds plans: it cannot displace a start and lose what that start found."""
         energy = {a.choice: a.energy_j for a in self.results}
         for choice in sorted(self.found, key=energy.__getitem__)[:DESCENT_STARTS]:
             pos = np.array([int(np.flatnonzero(tb.idx == c)[0]) for tb, c in zip(self.node_tab, choice)])
@@ -283,7 +293,7 @@ class _Sweep:
                 break
             mid = 0.5 * (lo + hi)
             first = len(self.results)
-            self.solve_at(mid)
+            self.solve_at(mid, from_kept=True)
             fits = [a.time_s for a in self.results[first:] if within_limit(a.energy_j, budget) and a.time_s < hi]
             if fits:
                 hi = min(fits)
@@ -472,7 +482,7 @@ class _LP:
     """The deadline LP in sparse form; only the upper bound on T changes between deadlines.
 
     The model is loaded into HiGHS once and every deadline re-solves from the previous optimal basis
-    (a bound change costs a few dual simplex pivots).
+    (a bound change costs a few dual simplex pivots), or from a kept one (``keep_basis``).
     """
 
     def __init__(self, dag: PipelineDAG, node_tab: Sequence[_KeyTable], static_power_w: float,
@@ -535,8 +545,18 @@ class _LP:
         self._optimal = h.HighsModelStatus.kOptimal
         return solver
 
-    def solve(self, deadline: float) -> tuple[np.ndarray, float] | None:
-        """Durations and iteration time of the relaxed optimum under the deadline (None if none found)."""
+    def keep_basis(self) -> None:
+        """Keep the current optimal basis: solves ``from_kept`` start from it."""
+        self._kept = self._highs.getBasis()
+
+    def solve(self, deadline: float, from_kept: bool = False) -> tuple[np.ndarray, float] | None:
+        """Durations and iteration time of the relaxed optimum under the deadline (None if none found).
+        ``from_kept``: start from the kept basis, not the last solve's; the LP is degenerate, so which
+        optimum a solve returns depends on where it starts, and a solve for one asked time must not
+        depend on which others were asked before it."""
+        if from_kept:  # HiGHS' other state (edge weights, factorisation) would carry the last solve over
+            self._highs.clearSolver()
+            self._highs.setBasis(self._kept)
         self._highs.changeColBounds(3 * self.n, 0.0, deadline * (1 + 1e-9))
         self._highs.run()
         if self._highs.getModelStatus() != self._optimal:
