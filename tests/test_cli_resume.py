@@ -209,3 +209,18 @@ def test_a_resume_after_the_replay_table_changed_is_refused_and_says_so(tmp_path
     assert res.returncode != 0 and line.startswith("error: resume: journal ")
     assert line.endswith(f"its config is the same, but the replay table {table} changed since it was measured")
     assert not (tmp_path / "runs" / "b" / "journal.sqlite").exists()
+
+
+def test_a_search_in_the_folder_of_a_run_removes_the_runs_plans(tmp_path):
+    """``mode=search`` composes nothing: the earlier run's plans stayed beside a config and summary
+    of a search, and a launcher reading the folder would take that run's plan for this one's."""
+    args = (*TINY, "search=random", "search.budget=8", "tracking.enabled=false", "hydra.run.dir=runs/a")
+    assert kareus(tmp_path, *args, timeout=600).returncode == 0
+    run = tmp_path / "runs" / "a"
+    composed = ("frontier_iteration.csv", "plan_selected.yaml", "plans")
+    assert all((run / name).exists() for name in composed)
+    (run / "notes.txt").write_text("the user's own")
+    res = kareus(tmp_path, *args, "mode=search", timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert [name for name in composed if (run / name).exists()] == []
+    assert (run / "notes.txt").is_file() and (run / "search_summary.json").is_file()

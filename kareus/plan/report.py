@@ -72,6 +72,23 @@ def write_run_outputs(run_dir: str | Path, plans: Sequence[ExecutionPlan], selec
     return out
 
 
+COMPOSED_OUTPUTS = ("frontier_iteration.csv", "plan_selected.yaml", "frontier_perseus.csv")
+
+
+def remove_run_outputs(run_dir: str | Path) -> None:
+    """Remove what an earlier ``mode=run`` composed in this folder (the iteration frontiers and every
+    plan): a run that composes nothing (``mode=search``) leaves its search outputs beside a config that
+    no longer describes them, and a launcher must not take an old plan for this run's."""
+    run_dir = Path(run_dir)
+    for name in COMPOSED_OUTPUTS:
+        (run_dir / name).unlink(missing_ok=True)
+    _remove_stale_plans(run_dir, set(), keep_selected=False)
+    try:
+        (run_dir / "plans").rmdir()  # only when empty: files of the user's own stay
+    except OSError:
+        pass
+
+
 def _remove_stale_plans(run_dir: Path, current: set[str], keep_selected: bool) -> None:
     stale = [p for p in (run_dir / "plans").glob("plan_*.yaml") if p.name not in current]
     if not keep_selected:
