@@ -1,6 +1,7 @@
 """Tracking into a real MLflow store in a temporary folder, read back through MlflowClient."""
 from __future__ import annotations
 
+import base64
 import csv
 import dataclasses
 import os
@@ -466,20 +467,68 @@ def test_empty_uri_is_refused_and_a_dead_server_is_named_at_once():
         closed = s.getsockname()[1]  # nothing listens once the socket closes
     assert "cannot reach http://127.0.0.1:" in reachability_problem(f"http://127.0.0.1:{closed}", timeout_s=2.0)
 
-    class NotFound(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # any HTTP answer means a server is there
-            self.send_error(404)
+    class LoginFirst(BaseHTTPRequestHandler):
+        """An MLflow server behind basic auth: /health answers 200 to alice, 401 to anyone else; every
+        other path is not found, as on a server that is no MLflow."""
+
+        def do_GET(self) -> None:
+            if self.path != "/health":
+                self.send_error(404)
+            elif self.headers.get("Authorization") == "Basic " + base64.b64encode(b"alice:s3cret").decode():
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(b"OK")
+            else:
+                self.send_error(401)
 
         def log_message(self, *args) -> None:
             pass
 
-    server = HTTPServer(("127.0.0.1", 0), NotFound)
+    server = HTTPServer(("127.0.0.1", 0), LoginFirst)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
     try:
-        assert reachability_problem(f"http://127.0.0.1:{server.server_address[1]}", timeout_s=5.0) is None
+        assert reachability_problem(f"http://127.0.0.1:{port}", timeout_s=5.0) is None  # a login: a server is there
+        # MLflow's client sends a URI's user and password as basic auth; urllib took them for the host name
+        assert reachability_problem(f"http://alice:s3cret@127.0.0.1:{port}", timeout_s=5.0) is None
+        # a wrong port or path: anything but an MLflow server failed mid-run with the page as a traceback
+        assert reachability_problem(f"http://alice:s3cret@127.0.0.1:{port}/mlflow", timeout_s=5.0) == (
+            f"http://alice:***@127.0.0.1:{port}/mlflow answers, but not as an MLflow tracking server (GET "
+            f"/mlflow/health: 404 Not Found); check the host, port and path, or set tracking.enabled=false")
     finally:
         server.shutdown()
     assert reachability_problem("sqlite:///runs/mlflow.db") is None
+
+
+@pytest.mark.parametrize("uri", ["sqlite:runs/x.db", "sqlite://rel.db"])
+def test_a_sqlite_uri_in_sqlalchemys_other_forms_is_refused(uri):
+    """MLflow failed mid-run with "Could not parse SQLAlchemy URL" or "Invalid SQLite URL"."""
+    assert TrackingConfig(uri=uri).problems() == [
+        f"tracking.uri: a SQLite store is sqlite:///RELATIVE/PATH.db or sqlite:////ABSOLUTE/PATH.db, got {uri!r}"]
+
+
+def test_a_sqlite_store_on_a_folder_or_a_file_of_another_kind_is_named_at_once(tmp_path):
+    """A folder (``sqlite:///runs``) made MLflow retry for 107 s; a text file failed mid-run."""
+    from kareus.tracking.store import reachability_problem
+
+    (tmp_path / "notes.txt").write_text("not a database")
+    (tmp_path / "empty.db").touch()  # SQLite makes its store in an empty file
+    fix = "; choose another tracking.uri, or set tracking.enabled=false"
+    assert reachability_problem(f"sqlite:///{tmp_path}") == f"{tmp_path} is a folder, not a database file{fix}"
+    assert reachability_problem(f"sqlite:///{tmp_path}/notes.txt") == f"{tmp_path}/notes.txt is not an SQLite database{fix}"
+    assert reachability_problem(f"sqlite:///{tmp_path}/empty.db") is None
+
+
+def test_credentials_in_a_store_uri_never_reach_the_records():
+    """Every user of a shared store reads its params, tags and config.yaml."""
+    from kareus.tracking.records import config_params, override_tags, redacted
+
+    uri = "postgresql://alice:s3cret@db:5432/mlflow"
+    assert redacted(uri) == "postgresql://alice:***@db:5432/mlflow"
+    assert redacted("http://db:5432/mlflow and https://bob@host/x") == "http://db:5432/mlflow and https://bob@host/x"
+    assert config_params({"tracking": {"uri": uri}}) == {"tracking.uri": "postgresql://alice:***@db:5432/mlflow"}
+    tags = override_tags([f"tracking.uri={uri}", "seed=1"])
+    assert "s3cret" not in str(tags) and tags["override.tracking.uri"] == "postgresql://alice:***@db:5432/mlflow"
 
 
 def test_a_signal_during_an_mlflow_write_lands_after_it():
@@ -546,7 +595,7 @@ def test_a_run_is_named_after_every_override_but_the_named_groups():
     assert name == "tiny pp1_tp2 mbo hardware=h100_sim profiler/cooldown=none seed=1"
     # how a run is shown, launched or recorded cannot change its numbers: the experiment keeps its name
     quiet = default_run_name(choices, ["+model=tiny", "seed=1", "progress=false", "launcher=process",
-                                       "launcher.workers=2", "tracking.plots=false"])
+                                       "launcher.workers=2", "tracking.plots=false", "resume=runs/a"])
     assert quiet == "tiny pp1_tp2 mbo seed=1"
 
 

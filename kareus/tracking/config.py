@@ -47,6 +47,10 @@ class TrackingConfig:
             # MLflow would raise at the first write, after the run directory exists
             out.append(f"tracking.uri: unsupported scheme {urlparse(uri).scheme!r} in {uri!r}; allowed: "
                        f"{', '.join(tracking_schemes())} (a database may name its driver: postgresql+psycopg2)")
+        elif uri.startswith("sqlite:") and not uri.startswith("sqlite:///") and uri.split("?", 1)[0] != "sqlite://":
+            # SQLAlchemy's form: MLflow failed mid-run with "Could not parse" or "Invalid SQLite URL"
+            out.append(f"tracking.uri: a SQLite store is sqlite:///RELATIVE/PATH.db or sqlite:////ABSOLUTE/PATH.db, "
+                       f"got {uri!r}")
         elif uri.startswith("sqlite:") and uri.split("?", 1)[0] in ("sqlite://", "sqlite:///", "sqlite:///:memory:"):
             out.append(f"tracking.uri: {uri!r} is an in-memory database, gone when the run ends; give a file such as "
                        f"sqlite:///runs/mlflow.db, or set tracking.enabled=false")

@@ -77,11 +77,22 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+_CREDENTIALS = re.compile(r"(://[^/@:\s]*:)[^@/\s]+@")
+
+
+def redacted(text: str) -> str:
+    """``text`` with the password of any ``scheme://user:password@host`` in it shown as ``***``: a
+    store's or server's credentials (``tracking.uri``) must not reach the shared store's records or a
+    printed line."""
+    return _CREDENTIALS.sub(r"\1***@", text)
+
+
 def config_params(resolved: Mapping[str, Any]) -> dict[str, str]:
-    """The resolved config as MLflow params: flattened, keys cleaned, values truncated to the limits."""
+    """The resolved config as MLflow params: flattened, keys cleaned, values truncated to the limits,
+    credentials left out."""
     params: dict[str, str] = {}
     for key, value in flatten(resolved).items():
-        params[clean_key(key)] = truncate("null" if value is None else str(value), MAX_PARAM_VALUE)
+        params[clean_key(key)] = truncate(redacted("null" if value is None else str(value)), MAX_PARAM_VALUE)
     return params
 
 
@@ -94,7 +105,7 @@ def normal_override(item: str) -> str:
 
 def override_tags(overrides: Sequence[str]) -> dict[str, str]:
     """``["+model=qwen", "search.passes=[a,b]"]`` -> ``overrides`` plus one ``override.<key>`` tag each."""
-    overrides = [normal_override(o) for o in overrides]
+    overrides = [redacted(normal_override(o)) for o in overrides]
     tags = {"overrides": truncate(" ".join(overrides), MAX_TAG_VALUE)} if overrides else {}
     for item in overrides:
         key, sep, value = item.partition("=")

@@ -83,23 +83,64 @@ def reachability_problem(uri: str, timeout_s: float = 5.0) -> str | None:
 
     db = sqlite_path(uri)
     if db is not None:
-        from kareus.paths import folder_problem
-
-        problem = folder_problem((db if db.is_absolute() else Path(base_dir()) / db).parent)
-        return None if problem is None else f"{problem}; choose another tracking.uri, or set tracking.enabled=false"
+        return _sqlite_problem(db if db.is_absolute() else Path(base_dir()) / db)
     scheme = urlparse(uri).scheme.split("+")[0]
     if scheme in _DATABASES:
         return _database_problem(uri, timeout_s)
     if scheme not in ("http", "https"):
         return None
+    request = _health_request(uri)
     try:
-        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s):
+        with urllib.request.urlopen(request, timeout=timeout_s):
             return None
-    except urllib.error.HTTPError:
-        return None
+    except urllib.error.HTTPError as err:
+        if err.code != 404:  # an MLflow server behind a login (401, 403) or busy answers all the same
+            return None
+        return (f"{_shown(uri)} answers, but not as an MLflow tracking server (GET {request.selector}: "
+                f"{err.code} {err.reason}); check the host, port and path, or set tracking.enabled=false")
     except (OSError, ValueError) as err:
         reason = getattr(err, "reason", err)
-        return f"cannot reach {uri} ({reason}); start the tracking server, or set tracking.enabled=false"
+        return f"cannot reach {_shown(uri)} ({reason}); start the tracking server, or set tracking.enabled=false"
+
+
+def _health_request(uri: str):
+    """GET ``<uri>/health``, MLflow server's liveness route; credentials in the URI (which MLflow's
+    client sends as basic auth) go in the header, not the host name."""
+    import base64
+    import urllib.request
+
+    parts = urlparse(uri)
+    netloc = parts.hostname or ""
+    if ":" in netloc:
+        netloc = f"[{netloc}]"  # an IPv6 address
+    if parts.port:
+        netloc += f":{parts.port}"
+    request = urllib.request.Request(parts._replace(netloc=netloc).geturl().rstrip("/") + "/health")
+    if parts.username is not None:
+        token = base64.b64encode(f"{parts.username}:{parts.password or ''}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+    return request
+
+
+def _sqlite_problem(db: Path) -> str | None:
+    """Why a SQLite store cannot be used: its folder cannot be made, or the path holds a folder or a
+    file that is no SQLite database (MLflow retried for minutes, or failed mid-run with a traceback)."""
+    from kareus.paths import folder_problem
+
+    fix = "choose another tracking.uri, or set tracking.enabled=false"
+    if db.is_dir():
+        return f"{db} is a folder, not a database file; {fix}"
+    if db.is_file():
+        try:
+            with db.open("rb") as fh:
+                head = fh.read(16)
+        except OSError as err:
+            return f"cannot read {db} ({err.strerror}); {fix}"
+        if head and head != b"SQLite format 3\x00":
+            return f"{db} is not an SQLite database; {fix}"
+        return None
+    problem = folder_problem(db.parent)
+    return None if problem is None else f"{problem}; {fix}"
 
 
 _DATABASES = ("postgresql", "mysql", "mssql")  # server databases MLflow reaches through SQLAlchemy
@@ -127,11 +168,10 @@ def _database_problem(uri: str, timeout_s: float) -> str | None:
 
 
 def _shown(uri: str) -> str:
-    """A database URI without its password."""
-    parts = urlparse(uri)
-    if parts.password:
-        return uri.replace(f":{parts.password}@", ":***@", 1)
-    return uri
+    """A store's URI without its password."""
+    from kareus.tracking.records import redacted
+
+    return redacted(uri)
 
 
 def sqlite_path(uri: str) -> Path | None:

@@ -49,13 +49,14 @@ def git_state(path: str | os.PathLike | None = None) -> dict[str, str]:
 
 
 NAMED_GROUPS = ("model", "parallel", "search", "experiment")  # shown by their option alone
-UNNAMED_KEYS = ("progress", "launcher", "tracking")  # how a run is shown, run or recorded, not what it measures
+# how a run is shown, run or recorded, not what it measures; resume= continues the same config (its hash is checked)
+UNNAMED_KEYS = ("progress", "launcher", "tracking", "resume")
 
 
 def default_run_name(choices: Mapping[str, Any], overrides: Sequence[str] = ()) -> str:
     """``qwen1.7b pp2_tp8 mbo`` plus every other override (``hardware=h100_sim``, ``seed=1``), so
     sweep jobs get distinct names; overrides that cannot change a result (``progress=false``,
-    ``launcher=process``, ``tracking.plots=false``) stay out, so the same experiment keeps one name
+    ``launcher=process``, ``tracking.plots=false``, ``resume=DIR``) stay out, so the same experiment keeps one name
     (they remain in the run's ``override.*`` tags)."""
     parts = [str(choices[g]) for g in NAMED_GROUPS if choices.get(g)]
     for item in map(records.normal_override, overrides):
@@ -184,8 +185,8 @@ class Tracker:
         self._log_params(records.config_params(resolved_config))
         import yaml
 
-        retry(self._client.log_text, self.run_id, yaml.safe_dump(records.plain(resolved_config), sort_keys=False),
-              "config.yaml")
+        retry(self._client.log_text, self.run_id,
+              records.redacted(yaml.safe_dump(records.plain(resolved_config), sort_keys=False)), "config.yaml")
         return self.run_id
 
     def end(self, status: str = "FINISHED") -> None:
