@@ -251,7 +251,7 @@ OmegaConf.register_new_resolver("kareus_help_groups", help_groups, replace=True)
 def _checked(cfg: DictConfig) -> tuple[dict[str, Any] | None, list[str]]:
     """(typed sections, []) for a config that can run, else (None, one line per problem)."""
     from kareus.config.validate import ConfigError, validate
-    from kareus.tracking.store import reachability_problem
+    from kareus.tracking.store import artifact_location_problem, reachability_problem
 
     try:
         typed = validate(cfg)
@@ -269,6 +269,9 @@ def _checked(cfg: DictConfig) -> tuple[dict[str, Any] | None, list[str]]:
         problem = reachability_problem(tracking.uri)
         if problem:
             return None, [f"tracking.uri: {problem}"]
+        problem = artifact_location_problem(tracking.artifact_location, tracking.uri)
+        if problem:
+            return None, [f"tracking.artifact_location: {problem}"]
     return typed, []
 
 

@@ -320,6 +320,8 @@ def test_a_number_at_a_switch_in_a_users_yaml_is_refused_as_on_the_command_line(
     (["+model=tiny", "parallel=pp1_tp2", "tracking.uri=file:///tmp/mlruns"], "error: tracking.uri: MLflow's file store"),
     (["+model=tiny", "parallel=pp1_tp2", "tracking.experiment="], "error: tracking.experiment: must name"),
     (["+model=tiny", "parallel=pp1_tp2", "parallel.schedule=gpipe"], "error: parallel.schedule: must be a known"),
+    (["+model=tiny", "parallel=pp1_tp2", "tracking.artifact_location=/proc/kareus_artifacts"],
+     "error: tracking.artifact_location: cannot create /proc/kareus_artifacts"),
 ])
 def test_refused_with_one_line_exit_2_nothing_written(tmp_path, args, first):
     res = kareus(tmp_path, *args)

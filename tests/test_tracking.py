@@ -721,3 +721,21 @@ def test_a_finished_search_whose_plots_could_not_be_written_ends_finished(store,
     assert listener.errors == 1
     run = client.get_run(listener.run_id)
     assert run.info.status == "FINISHED" and run.data.metrics["hypervolume_final"] > 0
+
+
+def test_an_artifact_location_no_run_could_write_is_named_at_once(tmp_path, monkeypatch):
+    """MLflow raised at the run's first artifact: a FAILED run left behind, and the location kept for
+    the experiment it had just created."""
+    import importlib.util
+
+    from kareus.tracking.store import artifact_location_problem
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "boto3" else real(name, *a))
+    (tmp_path / "notes.txt").write_text("a file where a folder would go")
+    local = "sqlite:///runs/mlflow.db"
+    assert artifact_location_problem("s3://bucket/x", local) == (
+        "s3://bucket/x needs the package boto3 for MLflow's s3:// artifacts; install it, or give a local folder")
+    assert artifact_location_problem(f"{tmp_path}/notes.txt/art", local).endswith("is not a folder; choose another folder")
+    assert artifact_location_problem(f"{tmp_path}/art", local) is None
+    assert artifact_location_problem("s3://bucket/x", "http://127.0.0.1:5000") is None  # the server's own root

@@ -212,6 +212,40 @@ def resolve_artifact_location(location: str | None, uri: str, base_dir: str | os
     return path.as_uri()
 
 
+# (module, pip package) that MLflow's artifact repository for a scheme imports when it first writes
+_ARTIFACT_PACKAGES = {"s3": ("boto3", "boto3"), "gs": ("google.cloud.storage", "google-cloud-storage"),
+                      "wasbs": ("azure.storage.blob", "azure-storage-blob"),
+                      "abfss": ("azure.storage.filedatalake", "azure-storage-file-datalake"),
+                      "hdfs": ("pyarrow", "pyarrow"), "viewfs": ("pyarrow", "pyarrow"), "oss": ("oss2", "oss2"),
+                      "sftp": ("pysftp", "pysftp")}
+
+
+def artifact_location_problem(location: str | None, uri: str) -> str | None:
+    """Why a new experiment's artifact root would fail at the run's first artifact (None if it would
+    not): a local folder that cannot be made, or a cloud scheme whose client library is missing.
+    MLflow raised that mid-run, after creating the run, and kept the location for the experiment."""
+    if not location or is_remote(uri):
+        return None  # a tracking server serves artifacts from its own root
+    scheme = urlparse(location).scheme
+    if scheme in ("", "file"):
+        from kareus.paths import folder_problem
+
+        path = Path(location[len("file://"):] if location.startswith("file://") else location)
+        problem = folder_problem(path if path.is_absolute() else Path(base_dir()) / path)
+        return None if problem is None else f"{problem}; choose another folder"
+    if scheme not in _ARTIFACT_PACKAGES:
+        return None
+    import importlib.util
+
+    module, package = _ARTIFACT_PACKAGES[scheme]
+    try:
+        if importlib.util.find_spec(module) is not None:
+            return None
+    except ModuleNotFoundError:  # a parent package (google.cloud) is missing
+        pass
+    return f"{location} needs the package {package} for MLflow's {scheme}:// artifacts; install it, or give a local folder"
+
+
 def is_lock_error(exc: BaseException) -> bool:
     text = str(exc).lower()
     return any(s in text for s in _LOCK_ERRORS)
