@@ -535,6 +535,18 @@ def test_a_sweep_over_where_it_is_recorded_is_refused():
                      "run one sweep per value"]
 
 
+def test_a_sweep_whose_jobs_a_group_moves_to_another_experiment_is_refused(tmp_path):
+    """``tracking=default,other`` swept the group, not a ``tracking.*`` key: job 1's runs went to
+    another experiment, under a parent run the UI could not show them beside."""
+    (tmp_path / "tracking").mkdir()
+    (tmp_path / "tracking" / "other.yaml").write_text("defaults:\n  - default\n  - _self_\nexperiment: other\n")
+    lines = override_problems(["--config-dir", str(tmp_path), "-m", "+model=tiny", "parallel=pp1_tp2",
+                               "tracking=default,other"])
+    assert lines == ["tracking: one sweep records into one MLflow store and experiment, but its jobs record into 2 "
+                     "(tracking=default: sqlite:///runs/mlflow.db experiment kareus; tracking=other: "
+                     "sqlite:///runs/mlflow.db experiment other); run one sweep per store and experiment"]
+
+
 def test_every_sweep_job_is_composed_and_named():
     lines = override_problems(["-m", *MISSION, "search=mbo,nope", "search.kappa=0.1,0.2"])
     assert lines == [f"job {n} (search=nope search.kappa={k}): search=nope: no such option; allowed: artifact, "

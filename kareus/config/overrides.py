@@ -499,6 +499,8 @@ def _sweep_problems(overrides: list[str], check: JobCheck | None) -> list[str]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
+    from kareus.tracking.records import redacted
+
     fixed = [o.input_line for o in OverridesParser.create().parse_overrides(overrides) if not o.is_sweep_override()]
     base, problems = _compose(fixed, multirun=True)
     if problems:
@@ -519,12 +521,19 @@ def _sweep_problems(overrides: list[str], check: JobCheck | None) -> list[str]:
         return [f"{empty[0] if empty else 'the sweep'}: sweeps no value, so no job would run; give at least one"]
     lines = [f"{key}: one sweep records into one MLflow store and experiment; run one sweep per value"
              for key in sorted(swept) if key.lstrip("+~").startswith("tracking.")]
+    stores: dict[tuple[str, str], str] = {}  # where each job records: the tracking group or a bundle may move it
     for num, job in enumerate(jobs):
         label = _job_label(job, swept)
         cfg, problems = _compose(job, hydra=False)
         if not problems and check is not None:
             problems = check(cfg)
         lines += [f"job {num} ({label}): {line}" for line in problems]
+        if cfg is not None and not problems and cfg.tracking.enabled:
+            stores.setdefault((str(cfg.tracking.uri), str(cfg.tracking.experiment)), label)
+    if len(stores) > 1 and not lines:
+        where = "; ".join(f"{label}: {redacted(uri)} experiment {exp}" for (uri, exp), label in stores.items())
+        lines.append(f"tracking: one sweep records into one MLflow store and experiment, but its jobs record into "
+                     f"{len(stores)} ({where}); run one sweep per store and experiment")
     return lines
 
 
