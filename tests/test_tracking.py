@@ -739,3 +739,20 @@ def test_an_artifact_location_no_run_could_write_is_named_at_once(tmp_path, monk
     assert artifact_location_problem(f"{tmp_path}/notes.txt/art", local).endswith("is not a folder; choose another folder")
     assert artifact_location_problem(f"{tmp_path}/art", local) is None
     assert artifact_location_problem("s3://bucket/x", "http://127.0.0.1:5000") is None  # the server's own root
+
+
+def test_a_deleted_experiment_is_refused_not_restored_with_its_runs(store, client):
+    """Restoring it brought back every run the user had deleted with it; MLflow's own set_experiment
+    refuses a deleted experiment the same way."""
+    from kareus.errors import KareusError
+    from kareus.tracking.store import experiment_id
+
+    uri = resolve_uri("sqlite:///runs/mlflow.db", store)
+    exp = client.create_experiment("deleted-here")
+    run = client.create_run(exp).info.run_id
+    client.delete_experiment(exp)
+    with pytest.raises(KareusError, match=r"^tracking.experiment: 'deleted-here' is deleted in sqlite:///.*; restore it "
+                                          rf"\(mlflow experiments restore --experiment-id {exp}\)"):
+        experiment_id(uri, "deleted-here")
+    assert client.get_experiment(exp).lifecycle_stage == "deleted"
+    assert client.get_run(run).info.lifecycle_stage == "deleted"

@@ -44,8 +44,13 @@ class MlflowSweepCallback(Callback):
             return  # describe records nothing
         hydra = config.hydra
         cwd = hydra.runtime.cwd or os.getcwd()
-        self._client, self._experiment_id, _ = connect(tracking.uri, tracking.experiment,
-                                                       tracking.artifact_location, cwd, tracking.telemetry)
+        from kareus.errors import KareusError
+
+        try:
+            self._client, self._experiment_id, _ = connect(tracking.uri, tracking.experiment,
+                                                           tracking.artifact_location, cwd, tracking.telemetry)
+        except KareusError:
+            return  # a store no job can record into (a deleted experiment): each job is refused with its line
         overrides = list(hydra.overrides.task)
         sweep_dir = Path(cwd) / str(hydra.sweep.dir)
         tags = {KIND_TAG: "sweep", "sweep.dir": str(sweep_dir), **records.override_tags(overrides)}

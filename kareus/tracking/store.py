@@ -302,7 +302,8 @@ def client_for(uri: str, telemetry: bool = False):
 
 
 def experiment_id(uri: str, name: str, artifact_location: str | None = None, telemetry: bool = False) -> str:
-    """Id of experiment ``name``, created (or restored, if deleted) once, safely across processes."""
+    """Id of experiment ``name``, created once, safely across processes. A deleted one is refused, as
+    MLflow's ``set_experiment`` refuses it: restoring it would bring back every run the user deleted."""
     key = (uri, name)
     if key in _experiments:
         return _experiments[key]
@@ -319,7 +320,11 @@ def experiment_id(uri: str, name: str, artifact_location: str | None = None, tel
         else:
             exp_id = exp.experiment_id
             if exp.lifecycle_stage == "deleted":
-                retry(client.restore_experiment, exp_id)
+                from kareus.errors import KareusError
+
+                raise KareusError(f"tracking.experiment: {name!r} is deleted in {_shown(uri)}; restore it "
+                                  f"(mlflow experiments restore --experiment-id {exp_id}), delete it for good "
+                                  f"(mlflow gc), or choose another tracking.experiment")
     _experiments[key] = exp_id
     return exp_id
 
