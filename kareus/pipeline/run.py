@@ -109,14 +109,14 @@ def _search_and_plan_on(ctx: RunContext, console: Console, compose: bool, backen
                              gpu_hours_name(ctx.simulated, "profiling_"): gpu_seconds / 3600.0})
         if compose and ctx.partitioning is not None:
             summary.update(_compose_and_plan(ctx, console, backend, results, tracker))
-        else:
-            from kareus.plan import remove_run_outputs
-
-            remove_run_outputs(ctx.run_dir)
             if "selection_error" in summary:  # refused once everything, the summary too, is on disk
                 _write_summary(ctx, summary)
                 raise RefusedWithOutputs(f"plan: {summary['selection_error']} (the frontier and all plans are in "
                                   f"{ctx.run_dir})")
+        else:
+            from kareus.plan import remove_run_outputs
+
+            remove_run_outputs(ctx.run_dir)
     _write_summary(ctx, summary)
     console.print(f"run directory: {ctx.run_dir}")  # where resume= and the frontiers point
     return summary
