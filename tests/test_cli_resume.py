@@ -224,3 +224,15 @@ def test_a_search_in_the_folder_of_a_run_removes_the_runs_plans(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     assert [name for name in composed if (run / name).exists()] == []
     assert (run / "notes.txt").is_file() and (run / "search_summary.json").is_file()
+
+
+def test_the_run_directory_line_is_never_broken_for_a_pipe(tmp_path, monkeypatch):
+    """Piped output was hard-wrapped at 160 columns (80 under FORCE_COLOR, which many CI systems set):
+    a long run directory came out over three lines, and a script reading it for resume= got a piece."""
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    run = "runs/" + "a" * 90 + "/" + "b" * 90
+    res = kareus(tmp_path, *TINY, "mode=search", "search=random", "search.budget=4", "tracking.enabled=false",
+                 f"hydra.run.dir={run}", timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    lines = [ln for ln in res.stdout.splitlines() if "run directory:" in ln]
+    assert [ln.split("run directory: ", 1)[1].strip() for ln in lines] == [str(tmp_path / run)], res.stdout[-1500:]

@@ -30,9 +30,12 @@ def run_mode(cfg: DictConfig, typed: dict[str, Any], run_dir: Path,
              previous_config: bytes | None = None) -> dict[str, Any]:
     """Run the configured mode; return a small summary (also what tests read). ``previous_config``: the
     saved config of a run that ``run_dir`` already held, before Hydra rewrote it."""
-    console = _Console(highlight=False)
-    if not console.is_terminal:  # logs and pipes: wide enough that tables stay readable
-        console = _Console(highlight=False, width=160)
+    from kareus.tracking.progress import live_terminal
+
+    # a plain line is never broken (a run directory is copied into resume=); tables fit the width
+    console = _Console(highlight=False, soft_wrap=True)
+    if not live_terminal(console):  # logs and pipes (FORCE_COLOR too): wide enough that tables stay readable
+        console = _Console(highlight=False, soft_wrap=True, width=160)
     ctx = build_context(cfg, typed, run_dir, previous_config)
     mode = str(getattr(cfg.mode, "value", cfg.mode))
     if mode == "describe":

@@ -125,13 +125,13 @@ def make_progress(enabled: bool = True, console: Any = None, simulated: bool = T
     if interactive is None:
         from rich.console import Console
 
-        interactive = _live_terminal(console or Console())
+        interactive = live_terminal(console or Console())
     if interactive:
         return ProgressListener(console=console, simulated=simulated)
     return PlainProgress(simulated=simulated)
 
 
-def _live_terminal(console: Any) -> bool:
+def live_terminal(console: Any) -> bool:
     """Whether the console writes to a terminal. rich's ``is_terminal`` also says so under FORCE_COLOR
     (set by many CI systems) for a pipe or a file, where a live bar leaves cursor codes in the results."""
     try:
