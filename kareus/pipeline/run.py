@@ -50,7 +50,7 @@ def _describe(ctx: RunContext, console: Console) -> dict[str, Any]:
 
     with opened_backend(ctx) as backend:
         sizes = space_sizes(ctx, backend, partition_types(ctx, backend))
-    _note_initial(console, ctx, sizes)
+    _note_initial(ctx, sizes)
     if ctx.workload is not None and ctx.partitioning is not None:
         space = ctx.typed["search"].space
         describe(console, ctx.workload, ctx.partitioning, sizes,
@@ -77,7 +77,7 @@ def _search_and_plan_on(ctx: RunContext, console: Console, compose: bool, backen
 
     partitions = partition_types(ctx, backend)
     sizes = space_sizes(ctx, backend, partitions)
-    _note_initial(console, ctx, sizes)
+    _note_initial(ctx, sizes)
     launcher = checked_launcher(ctx, partitions)
     tracker = Tracker(ctx.typed["tracking"])
     hctx = hydra_context()
@@ -125,17 +125,20 @@ def _search_and_plan_on(ctx: RunContext, console: Console, compose: bool, backen
     return summary
 
 
-def _note_initial(console: Console, ctx: RunContext, sizes: dict[str, int]) -> None:
-    """Say before the searches start where ``search.initial`` takes a partition's whole budget."""
+def _note_initial(ctx: RunContext, sizes: dict[str, int]) -> None:
+    """Warn before the searches start (on stderr: stdout carries the results) where ``search.initial``
+    takes a partition's whole budget."""
+    import sys
+
     from kareus.search.config import budget_for, initial_fills_budget
 
     cfg = ctx.typed["search"]
     full = initial_fills_budget(cfg, sizes)
     if full:
         budgets = sorted({budget_for(cfg, sizes[k]) for k in full})
-        console.print(f"note: search.initial={cfg.initial} takes the whole budget ({', '.join(map(str, budgets))} "
-                      f"profiles) of {', '.join(full)}: {cfg.name} guides no batch there; lower search.initial "
-                      f"or raise the budget")
+        print(f"note: search.initial={cfg.initial} takes the whole budget ({', '.join(map(str, budgets))} "
+              f"profiles) of {', '.join(full)}: {cfg.name} guides no batch there; lower search.initial "
+              f"or raise the budget", file=sys.stderr)
 
 
 def _write_summary(ctx: RunContext, summary: dict[str, Any]) -> None:
