@@ -74,3 +74,29 @@ def test_format_seconds():
     assert format_seconds(210.0) == "3.5 min"
     assert format_seconds(7560.0) == "2.10 h"
     assert format_seconds(float("nan")) == "-"
+
+
+def test_on_a_terminal_the_runs_log_file_still_gets_each_partitions_line(tmp_path):
+    """The bars replaced the plain lines everywhere: ``kareus.log`` of a run started on a terminal held
+    nothing of its searches. The line goes to the log file alone; the terminal has the bars."""
+    import logging
+
+    root = logging.getLogger()
+    handler, console_handler = logging.FileHandler(tmp_path / "kareus.log"), logging.StreamHandler(io.StringIO())
+    root.addHandler(handler)
+    root.addHandler(console_handler)
+    level = root.level
+    root.setLevel(logging.INFO)
+    try:
+        out = io.StringIO()
+        with make_progress(True, console=Console(file=out, force_terminal=True, width=140), interactive=True) as progress:
+            for event in search_events("fwd_attn", n=8, batch=4, budget=10):
+                progress(event)
+    finally:
+        root.removeHandler(handler)
+        root.removeHandler(console_handler)
+        root.setLevel(level)
+        handler.close()
+    [line] = (tmp_path / "kareus.log").read_text().splitlines()
+    assert line.startswith("partition fwd_attn: profiled 8/10, 1 failed")
+    assert console_handler.stream.getvalue() == "" and "partition fwd_attn: profiled" not in out.getvalue()

@@ -87,7 +87,7 @@ def equal_time_table(rows: Sequence[EqualTime], title: str, max_rows: int = 8):
     table = Table(title=title)
     for col in ("baseline time (s)", "baseline energy (J)", "plan", "plan time (s)", "plan energy (J)",
                 "energy saving"):
-        table.add_column(col, justify="left" if col == "plan" else "right")
+        table.add_column(col, justify="left" if col == "plan" else "right", overflow="fold")  # never cut a number
     for r in (rows[i] for i in sorted(even_spread(len(rows), max_rows))):
         p, s = r.plan, r.energy_saving_pct
         table.add_row(f"{r.baseline_time_s:.4f}", f"{r.baseline_energy_j:.1f}",

@@ -108,7 +108,7 @@ def frontier_table(plans: Sequence[ExecutionPlan], reference: Assignment | None 
     table = Table(title=title or "Iteration frontier (predicted)")
     for col, just in (("plan", "left"), ("time (s)", "right"), ("energy (J)", "right"),
                       ("time saving", "right"), ("energy saving", "right"), ("", "left")):
-        table.add_column(col, justify=just)
+        table.add_column(col, justify=just, overflow="fold")  # a narrow terminal wraps a number, never cuts it
     if reference is not None:
         table.add_row("Megatron (its own layout, top clock)", f"{reference.time_s:.4f}", f"{reference.energy_j:.1f}",
                       "-", "-", "reference", style="bold")

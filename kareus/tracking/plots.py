@@ -107,7 +107,7 @@ def plot_hypervolume(profiled: Sequence[int], hypervolume: Sequence[float], path
         ax.axvline(budget, color="grey", ls="--", lw=1, label=f"budget ({budget})")
         ax.legend(fontsize=8, loc="lower right")
     ax.set_xlabel("profiled candidates")
-    ax.set_ylabel("hypervolume (time × energy)")
+    ax.set_ylabel("hypervolume (s × J)")
     ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
     ax.set_title(title + (f"\n{note}" if note else ""), fontsize=11)
     ax.set_xlim(left=0)

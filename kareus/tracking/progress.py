@@ -83,11 +83,19 @@ class PlainProgress(NullProgress):
                        f"{self.gpu_label} {format_seconds(event.gpu_seconds)}")
 
 
+def _to_log_files(line: str) -> None:
+    """``line`` into the run's log file (``kareus.log``) alone: on the terminal the bars already show it."""
+    record = log.makeRecord(log.name, logging.INFO, __file__, 0, line, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler) and record.levelno >= handler.level:
+            handler.handle(record)
+
+
 class ProgressListener(PlainProgress):
     """A rich progress bar per partition: profiled / budget, current hypervolume, GPU time."""
 
     def __init__(self, console: Any = None, simulated: bool = True, transient: bool = False) -> None:
-        super().__init__(write=lambda line: None, simulated=simulated)
+        super().__init__(write=_to_log_files, simulated=simulated)  # the bars show them; the run's log keeps them
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         gpu = "sim GPU" if simulated else "GPU"
