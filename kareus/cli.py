@@ -292,7 +292,10 @@ def app(cfg: DictConfig) -> Any:
     from kareus.pipeline import run_mode
 
     describe = str(getattr(cfg.mode, "value", cfg.mode)) == "describe"
+    job = _sweep_job()
     try:
+        if job is not None:  # a sweep's results on stdout name their job (Hydra's launch lines go to stderr)
+            _print_result_line(f"== {job} ==")
         out = run_mode(cfg, typed, run_dir, _kept_config())
         if describe:  # it measured and wrote nothing: no empty run folder left behind, nor a folder's
             _remove_job_dir(run_dir)  # config rewritten beside the results of the run it holds
@@ -310,7 +313,6 @@ def app(cfg: DictConfig) -> Any:
                 print(f"output closed; continue with resume={run_dir}", file=sys.stderr)
         sys.exit(128 + signal.SIGPIPE)
     except KareusError as err:
-        job = _sweep_job()
         if job is None:
             _fail([str(err)], run_dir, restore=not isinstance(err, RefusedWithOutputs))
         print(f"error: {job}: {err}", file=sys.stderr)
@@ -325,6 +327,16 @@ def app(cfg: DictConfig) -> Any:
             raise
         print(f"error: {_stopped(line)}", file=sys.stderr)
         sys.exit(1)  # a sweep stops too: its next job would meet the same disk
+
+
+def _print_result_line(line: str) -> None:
+    """A line on stdout; a reader that left (``| head``) is OutputClosed, as for rich's console."""
+    from kareus.errors import OutputClosed
+
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:
+        raise OutputClosed from None
 
 
 def _stdout_to_devnull() -> None:

@@ -528,6 +528,9 @@ def test_a_describe_sweep_records_nothing(tmp_path):
     assert not list((tmp_path / "runs").rglob("kareus.log"))  # no job folder left
     assert left_behind(tmp_path) == []  # nor the sweep's, which held Hydra's multirun.yaml alone
     assert "[HYDRA]" not in res.stdout and "Launching 2 jobs" in res.stderr  # stdout: the results alone
+    # each job's results are headed by the job, as its error lines are: stdout alone tells them apart
+    assert [ln for ln in res.stdout.splitlines() if ln.startswith("== job")] == [
+        "== job 0 (parallel=pp1_tp2) ==", "== job 1 (parallel=pp2_tp2) =="]
 
 
 def test_a_sweep_over_where_it_is_recorded_is_refused():
