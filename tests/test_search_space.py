@@ -72,10 +72,6 @@ def test_fixed_space_is_only_filtered_by_explicit_fields():
     assert {(c.sms, c.freq_mhz) for c in got} == {(5, 1200), (20, 1200)}
     stepped = build_space(part, SYNTH_GPU, SpaceConfig(sms_step=4, freq_mhz=FreqRange(step=420)), fixed=fixed)
     assert {(c.sms, c.freq_mhz) for c in stepped} == {(1, 1410), (5, 1410)}  # steps from 1 SM and from 1410 MHz
-    # min_frac set: a fraction of the table's top clock (it was ignored on a recorded table)
-    thinned = build_space(part, SYNTH_GPU, SpaceConfig(freq_mhz=FreqRange(min_frac=0.9)), fixed=fixed)
-    assert {c.freq_mhz for c in thinned} == {1410}
-    assert build_space(part, SYNTH_GPU, SpaceConfig(freq_mhz=FreqRange(min_frac=0.8)), fixed=fixed) == sorted(fixed)
 
 
 def test_space_problems_name_the_key():

@@ -24,7 +24,6 @@ DEFAULT_SMS_MIN = 2
 DEFAULT_SMS_MAX = 16
 DEFAULT_SMS_STEP = 2
 DEFAULT_FREQ_STEP = 60
-DEFAULT_MIN_FRAC = 0.6
 
 
 @dataclass
@@ -34,9 +33,7 @@ class FreqRange:
     min: int | None = None
     max: int | None = None
     step: int | None = None  # None: the smallest multiple of the GPU's step that is >= 60 MHz
-    # lower bound as a fraction of the maximum when ``min`` is None (None: DEFAULT_MIN_FRAC on a generated
-    # space; a recorded table's clocks are thinned by it only when it is set)
-    min_frac: float | None = None
+    min_frac: float = 0.6  # lower bound as a fraction of the maximum when ``min`` is None
 
 
 @dataclass
@@ -66,10 +63,6 @@ def sm_counts(space: SpaceConfig, gpu: GPUSpec) -> list[int]:
     return list(range(lo, hi + 1, step))
 
 
-def _min_frac(fr: FreqRange) -> float:
-    return DEFAULT_MIN_FRAC if fr.min_frac is None else fr.min_frac
-
-
 def clock_bounds(space: SpaceConfig, gpu: GPUSpec) -> tuple[int, int, int]:
     """(lowest, highest, step) of the clock range: ``min`` (else ``min_frac`` x the GPU's maximum) to
     ``max`` (else the GPU's maximum), within the GPU's range."""
@@ -79,7 +72,7 @@ def clock_bounds(space: SpaceConfig, gpu: GPUSpec) -> tuple[int, int, int]:
     if fr.min is not None:
         lo = max(fr.min, gpu.min_mhz)
     else:
-        lo = max(gpu.min_mhz, int(np.ceil(_min_frac(fr) * gpu.max_mhz)))
+        lo = max(gpu.min_mhz, int(np.ceil(fr.min_frac * gpu.max_mhz)))
     return lo, hi, step
 
 
@@ -129,11 +122,11 @@ def space_problems(space: SpaceConfig, gpu: GPUSpec, recorded: bool = False) -> 
         out.append(f"search.space.freq_mhz.max: {gpu.clock_problem(fr.max)}")
     if fr.min is not None and fr.max is not None and fr.min > fr.max:
         out.append(f"search.space.freq_mhz: min {fr.min} > max {fr.max}")
-    if fr.min_frac is not None and not 0 < fr.min_frac <= 1:
+    if not 0 < fr.min_frac <= 1:
         out.append(f"search.space.freq_mhz.min_frac: must be in (0, 1], got {fr.min_frac}")
     if not out and not clocks(space, gpu) and not recorded:
         lo, hi, step = clock_bounds(space, gpu)
-        low = "min" if fr.min is not None else f"min_frac {_min_frac(fr)} x {gpu.max_mhz}"
+        low = "min" if fr.min is not None else f"min_frac {fr.min_frac} x {gpu.max_mhz}"
         out.append(f"search.space.freq_mhz: no clock from {lo} MHz ({low}) up to {hi} MHz (max) in {step} MHz "
                    f"steps; lower search.space.freq_mhz.min (>= {gpu.min_mhz}) or raise its max")
     return out
@@ -148,8 +141,6 @@ def _explicitly_kept(c: Candidate, space: SpaceConfig, fixed: list[Candidate]) -
     if (space.sms_min is not None and c.sms < space.sms_min) or (space.sms_max is not None and c.sms > space.sms_max):
         return False
     if (fr.min is not None and c.freq_mhz < fr.min) or (fr.max is not None and c.freq_mhz > fr.max):
-        return False
-    if fr.min is None and fr.min_frac is not None and c.freq_mhz < np.ceil(fr.min_frac * max(x.freq_mhz for x in fixed)):
         return False
     if space.sms_step is not None and space.sms is None:
         lo = min(x.sms for x in fixed if space.sms_min is None or x.sms >= space.sms_min)
