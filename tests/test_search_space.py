@@ -212,3 +212,12 @@ def test_passes_that_pick_only_some_candidates_need_a_regular_pass_beside_them(p
 def test_yaml_bad_pass_fails_at_composition(compose):
     with pytest.raises(Exception, match="dynamc"):
         compose(["search.passes=[total,dynamc]"])
+
+
+def test_a_clock_fraction_on_a_recorded_table_is_refused_not_ignored():
+    """The default fraction never thins a table, so a value set for one was ignored in silence."""
+    assert space_problems(SpaceConfig(), SYNTH_GPU, recorded=True) == []
+    assert space_problems(SpaceConfig(freq_mhz=FreqRange(min_frac=0.9)), SYNTH_GPU, recorded=True) == [
+        "search.space.freq_mhz.min_frac: a replayed table's clocks are thinned by explicit bounds only; set "
+        "search.space.freq_mhz.min (MHz) instead, got min_frac=0.9"]
+    assert space_problems(SpaceConfig(freq_mhz=FreqRange(min_frac=0.9)), SYNTH_GPU) == []
