@@ -168,9 +168,9 @@ def test_a_group_that_would_span_two_nodes_is_refused():
 def test_an_energy_counter_slower_than_the_profilers_windows_is_refused():
     """Every window failed as shorter than the counter's period; the run ended with empty frontiers."""
     assert problems("hardware.counter_period_s=100") == [
-        "hardware.counter_period_s: 100 s is not shorter than profiler.target_window_s=5 s: no window would see "
-        "the energy counter update"]
-    assert problems("hardware.counter_period_s=1") == []
+        "hardware.counter_period_s: 100 s is longer than the profiler's longest window (profiler.target_window_s=5 s, "
+        "doubled on each of 2 retries: 20 s), so no window would see the energy counter update"]
+    assert problems("hardware.counter_period_s=20") == []  # a window doubled twice reads it
 
 
 def test_fewer_microbatches_than_stages_is_allowed_as_megatron_allows_it():
