@@ -466,6 +466,9 @@ def test_empty_uri_is_refused_and_a_dead_server_is_named_at_once():
         s.bind(("127.0.0.1", 0))
         closed = s.getsockname()[1]  # nothing listens once the socket closes
     assert "cannot reach http://127.0.0.1:" in reachability_problem(f"http://127.0.0.1:{closed}", timeout_s=2.0)
+    assert reachability_problem("http://localhost:99999") == (  # not a traceback from the port's parser
+        "cannot reach http://localhost:99999 (Port out of range 0-65535); start the tracking server, or set "
+        "tracking.enabled=false")
 
     class LoginFirst(BaseHTTPRequestHandler):
         """An MLflow server behind basic auth: /health answers 200 to alice, 401 to anyone else; every
@@ -525,7 +528,11 @@ def test_credentials_in_a_store_uri_never_reach_the_records():
 
     uri = "postgresql://alice:s3cret@db:5432/mlflow"
     assert redacted(uri) == "postgresql://alice:***@db:5432/mlflow"
-    assert redacted("http://db:5432/mlflow and https://bob@host/x") == "http://db:5432/mlflow and https://bob@host/x"
+    # as SQLAlchemy and urllib read them, a password may hold '/', a space or '@'
+    assert [redacted(u) for u in ("postgresql://alice:pa/ss@db/m", "mysql://bob:x y@db/m", "http://u:p@ss@host:1")] == [
+        "postgresql://alice:***@db/m", "mysql://bob:***@db/m", "http://u:***@host:1"]
+    assert [redacted(u) for u in ("http://db:5432/mlflow", "https://bob@host/x")] == ["http://db:5432/mlflow",
+                                                                                   "https://bob@host/x"]
     assert config_params({"tracking": {"uri": uri}}) == {"tracking.uri": "postgresql://alice:***@db:5432/mlflow"}
     tags = override_tags([f"tracking.uri={uri}", "seed=1"])
     assert "s3cret" not in str(tags) and tags["override.tracking.uri"] == "postgresql://alice:***@db:5432/mlflow"

@@ -77,13 +77,15 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-_CREDENTIALS = re.compile(r"(://[^/@:\s]*:)[^@/\s]+@")
+# scheme://user: then the password, up to the '@' after which the word holds no other '@' (the host's):
+# a password may hold '@', '/' or spaces, as SQLAlchemy and urllib read them
+_CREDENTIALS = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/@:\s]*:)(.*?)@(?=[^@\s]*(?:\s|$))")
 
 
 def redacted(text: str) -> str:
     """``text`` with the password of any ``scheme://user:password@host`` in it shown as ``***``: a
     store's or server's credentials (``tracking.uri``) must not reach the shared store's records or a
-    printed line."""
+    printed line. Give it one value (or one line) at a time: a password runs to the host's '@'."""
     return _CREDENTIALS.sub(r"\1***@", text)
 
 

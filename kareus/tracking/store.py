@@ -89,8 +89,8 @@ def reachability_problem(uri: str, timeout_s: float = 5.0) -> str | None:
         return _database_problem(uri, timeout_s)
     if scheme not in ("http", "https"):
         return None
-    request = _health_request(uri)
     try:
+        request = _health_request(uri)  # a port out of range or not a number raises here
         with urllib.request.urlopen(request, timeout=timeout_s):
             return None
     except urllib.error.HTTPError as err:
