@@ -471,11 +471,14 @@ def test_empty_uri_is_refused_and_a_dead_server_is_named_at_once():
         "tracking.enabled=false")
 
     class LoginFirst(BaseHTTPRequestHandler):
-        """An MLflow server behind basic auth: /health answers 200 to alice, 401 to anyone else; every
-        other path is not found, as on a server that is no MLflow."""
+        """An MLflow server behind basic auth: /health answers 200 to alice, 401 to anyone else; under
+        /api-only a proxy forwards the REST API alone (401 there); every other path is not found, as on
+        a server that is no MLflow."""
 
         def do_GET(self) -> None:
-            if self.path != "/health":
+            if self.path.startswith("/api-only/api/"):
+                self.send_error(401)
+            elif self.path != "/health":
                 self.send_error(404)
             elif self.headers.get("Authorization") == "Basic " + base64.b64encode(b"alice:s3cret").decode():
                 self.send_response(200)
@@ -497,7 +500,10 @@ def test_empty_uri_is_refused_and_a_dead_server_is_named_at_once():
         # a wrong port or path: anything but an MLflow server failed mid-run with the page as a traceback
         assert reachability_problem(f"http://alice:s3cret@127.0.0.1:{port}/mlflow", timeout_s=5.0) == (
             f"http://alice:***@127.0.0.1:{port}/mlflow answers, but not as an MLflow tracking server (GET "
-            f"/mlflow/health: 404 Not Found); check the host, port and path, or set tracking.enabled=false")
+            f"/mlflow/health: 404 Not Found; GET /mlflow/api/2.0/mlflow/experiments/search?max_results=1: 404 Not "
+            f"Found); check the host, port and path, or set tracking.enabled=false")
+        # a proxy that forwards MLflow's REST API alone: /health is not found, the API answers
+        assert reachability_problem(f"http://127.0.0.1:{port}/api-only", timeout_s=5.0) is None
     finally:
         server.shutdown()
     assert reachability_problem("sqlite:///runs/mlflow.db") is None

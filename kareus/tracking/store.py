@@ -89,23 +89,27 @@ def reachability_problem(uri: str, timeout_s: float = 5.0) -> str | None:
         return _database_problem(uri, timeout_s)
     if scheme not in ("http", "https"):
         return None
-    try:
-        request = _health_request(uri)  # a port out of range or not a number raises here
-        with urllib.request.urlopen(request, timeout=timeout_s):
-            return None
-    except urllib.error.HTTPError as err:
-        if err.code != 404:  # an MLflow server behind a login (401, 403) or busy answers all the same
-            return None
-        return (f"{_shown(uri)} answers, but not as an MLflow tracking server (GET {request.selector}: "
-                f"{err.code} {err.reason}); check the host, port and path, or set tracking.enabled=false")
-    except (OSError, ValueError) as err:
-        reason = getattr(err, "reason", err)
-        return f"cannot reach {_shown(uri)} ({reason}); start the tracking server, or set tracking.enabled=false"
+    missing = []  # the routes that answered "not found"
+    # MLflow's liveness route, then its REST API (a proxy in front of a server may forward that alone)
+    for route in ("/health", "/api/2.0/mlflow/experiments/search?max_results=1"):
+        try:
+            request = _request(uri, route)  # a port out of range or not a number raises here
+            with urllib.request.urlopen(request, timeout=timeout_s):
+                return None
+        except urllib.error.HTTPError as err:
+            if err.code != 404:  # an MLflow server behind a login (401, 403) or busy answers all the same
+                return None
+            missing.append(f"GET {request.selector}: {err.code} {err.reason}")
+        except (OSError, ValueError) as err:
+            reason = getattr(err, "reason", err)
+            return f"cannot reach {_shown(uri)} ({reason}); start the tracking server, or set tracking.enabled=false"
+    return (f"{_shown(uri)} answers, but not as an MLflow tracking server ({'; '.join(missing)}); check the host, "
+            f"port and path, or set tracking.enabled=false")
 
 
-def _health_request(uri: str):
-    """GET ``<uri>/health``, MLflow server's liveness route; credentials in the URI (which MLflow's
-    client sends as basic auth) go in the header, not the host name."""
+def _request(uri: str, route: str):
+    """GET ``<uri><route>``; credentials in the URI (which MLflow's client sends as basic auth) go in
+    the header, not the host name."""
     import base64
     import urllib.request
 
@@ -115,7 +119,7 @@ def _health_request(uri: str):
         netloc = f"[{netloc}]"  # an IPv6 address
     if parts.port:
         netloc += f":{parts.port}"
-    request = urllib.request.Request(parts._replace(netloc=netloc).geturl().rstrip("/") + "/health")
+    request = urllib.request.Request(parts._replace(netloc=netloc).geturl().rstrip("/") + route)
     if parts.username is not None:
         token = base64.b64encode(f"{parts.username}:{parts.password or ''}".encode()).decode()
         request.add_header("Authorization", f"Basic {token}")
