@@ -96,6 +96,24 @@ def test_partition_settings_follow_the_current_instruction():
         ex.begin(7, "fwd")
 
 
+def test_a_failed_clock_switch_leaves_no_instruction_current():
+    """The lock for microbatch 2 failed, and a caller that caught the error still read microbatch 0's
+    slot and SMs, as if microbatch 2 ran with them."""
+    class FailsAt1200(FakeController):
+        def set(self, mhz: int) -> None:
+            if mhz == 1200:
+                raise RuntimeError("cannot lock 1200 MHz")
+            super().set(mhz)
+
+    ex = PlanExecutor(_plan(), FailsAt1200(), stage=0)
+    ex.begin(0, "fwd")
+    with pytest.raises(RuntimeError, match="cannot lock"):
+        ex.begin(2, "fwd")
+    assert ex.current is None
+    with pytest.raises(RuntimeError, match="no instruction is running"):
+        ex.slot("fwd_attn")
+
+
 def test_an_instruction_in_megatrons_layout_says_so():
     megatron = InstructionPlan(0, "bwd", (0, 1, 2, 3), 1410, 0.01, 1.0,
                                (PartitionSetting("megatron:bwd_attn", "sequential", 16, 2),))

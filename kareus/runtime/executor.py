@@ -104,6 +104,8 @@ class PlanExecutor:
                                     f"on stage {self.stage} (it covers {self.plan.num_microbatches} "
                                     "microbatches)") from None
         if ins.freq_mhz != self._locked:
+            # the previous instruction's settings end here: a failed sync or lock leaves none current
+            self.current, self._settings = None, {}
             self.sync()  # the previous instruction's queued kernels finish at their own clock
             self.controller.set(int(ins.freq_mhz))
             self._locked = int(ins.freq_mhz)
