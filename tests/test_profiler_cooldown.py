@@ -175,7 +175,9 @@ def test_a_failing_anchor_never_fails_the_candidate_and_anchoring_gives_up():
 def test_config_checks_and_registration():
     assert "thermal" in COOLDOWNS
     bad = ThermalCooldownConfig(anchor_window_s=0, growth=0.5, hot_frac=2.0, max_anchors=1, max_failed_anchors=-1)
-    assert len(bad.problems()) == 4
+    assert bad.problems() == ["anchor_window_s: must be > 0, got 0", "growth: must be >= 1, got 0.5",
+                              "hot_frac: must be in (0, 1], got 2.0", "max_anchors: must be >= 2, got 1",
+                              "max_failed_anchors: must be >= 1, got -1"]  # one line per key
     assert ThermalCooldownConfig(max_failed_anchors=0).problems()  # spent before its first anchor
     assert ThermalCooldownConfig().problems() == []
     probs = ProfilerConfig(cooldown={"name": "thermal", "max_anchors": 0}).problems()

@@ -165,6 +165,12 @@ def test_a_group_that_would_span_two_nodes_is_refused():
     assert problems("hardware.gpus_per_node=4", "parallel.tp=2", "parallel.cp=1") == []
 
 
+def test_an_empty_resume_is_refused_not_taken_for_a_new_run():
+    """``resume=$LAST`` with LAST unset measured every candidate again in a new folder."""
+    assert problems("resume=") == ["resume: empty; give the run directory to continue (resume=runs/<date>/<time>), "
+                                   "or leave resume unset for a new run"]
+
+
 def test_an_energy_counter_slower_than_the_profilers_windows_is_refused():
     """Every window failed as shorter than the counter's period; the run ended with empty frontiers."""
     assert problems("hardware.counter_period_s=100") == [
@@ -623,13 +629,21 @@ def test_profiler_rule(override, line):
     # policies that would silently neither cool nor correct: spent before the first anchor, or windows
     # the energy counter cannot resolve
     (("profiler/cooldown=thermal",), "profiler.cooldown.max_failed_anchors=0",
-     "profiler.cooldown.max_anchors >= 2, min_fit_windows >= 3 and max_failed_anchors >= 1 are required"),
+     "profiler.cooldown.max_failed_anchors: must be >= 1, got 0"),
+    # nan passed every comparison: the probe ran in full and corrected nothing, anchoring stopped
+    (("profiler/cooldown=compensated",), "profiler.cooldown.min_span_c=nan",
+     "profiler.cooldown.min_span_c: must be a finite number >= 0, got nan"),
+    (("profiler/cooldown=thermal",), "profiler.cooldown.growth=nan",
+     "profiler.cooldown.growth: must be a finite number >= 1, got nan"),
+    (("profiler/cooldown=thermal",), "profiler.cooldown.noise_floor=inf",
+     "profiler.cooldown.noise_floor: must be a finite number > 0, got inf"),
     (("profiler/cooldown=thermal",), "profiler.cooldown.anchor_window_s=0.05",
      "profiler.cooldown.anchor_window_s=0.05 is shorter than profiler.min_window_s=0.5; allowed: at least 0.5 s"),
     (("profiler/cooldown=compensated",), "profiler.cooldown.probe_window_s=0.3",
      "profiler.cooldown.probe_window_s=0.3 is shorter than profiler.min_window_s=0.5; allowed: at least 0.5 s"),
 ], ids=["fixed", "fixed-inf", "temperature", "predictive", "thermal-off-grid", "compensated-off-grid",
-        "thermal-spent", "thermal-short-anchor", "compensated-short-probe"])
+        "thermal-spent", "compensated-nan-span", "thermal-nan-growth", "thermal-inf-floor", "thermal-short-anchor",
+        "compensated-short-probe"])
 def test_cooldown_rule(groups, override, line):
     assert problems(*groups, override) == [line]
 

@@ -300,6 +300,9 @@ def validate(cfg: Any) -> dict[str, Any]:
         except Exception as exc:
             problems += [ln if ln.startswith("hardware") else f"hardware: {ln}" for ln in str(exc).splitlines() if ln]
     mode = str(getattr(cfg.mode, "value", cfg.mode))
+    if cfg.get("resume") is not None and not str(cfg.resume).strip():  # resume=$LAST with LAST unset
+        problems.append("resume: empty; give the run directory to continue (resume=runs/<date>/<time>), or leave "
+                        "resume unset for a new run")
     if isinstance(cfg.get("seed"), int) and not 0 <= cfg.seed <= MAX_SEED:
         problems.append(f"seed: must be in 0..{MAX_SEED} (numpy's and Optuna's seeds are 32-bit), got {cfg.seed}")
     model = cfg.get("model")

@@ -202,10 +202,11 @@ class CompensatedCooldownConfig:
     min_span_c: float = 1.0  # a probe spanning fewer degrees cannot fit a slope: no correction then
 
     def problems(self, ctx: Any = None) -> list[str]:
-        out = out_of_bounds(self, positive=("probe_window_s", "tau_s"), nonnegative=("seconds", "probe_idle_s"),
-                            at_least_one=("cycles",))
+        # min_span_c: nan or negative turned the correction off without a word, after a full probe
+        out = out_of_bounds(self, positive=("probe_window_s", "tau_s"),
+                            nonnegative=("seconds", "probe_idle_s", "min_span_c"), at_least_one=("cycles",))
         if self.probe_windows < 2:
-            out.append(f"probe_windows={self.probe_windows} must be >= 2")
+            out.append(f"probe_windows: must be >= 2, got {self.probe_windows}")
         return out + _clock_problems(ctx, "probe_clocks", self.probe_clocks)
 
 
@@ -361,14 +362,15 @@ class ThermalCooldownConfig:
     min_fit_windows: int = 8  # windows before the time constant is fitted
 
     def problems(self, ctx: Any = None) -> list[str]:
-        out = out_of_bounds(self, positive=("anchor_window_s", "tau_s"), nonnegative=("seconds",))
-        if self.growth < 1 or self.min_step_c < 0:
-            out.append("growth must be >= 1 and min_step_c >= 0")
-        if not 0 < self.hot_frac <= 1 or self.target_rel_se <= 0 or self.noise_floor <= 0:
-            out.append("hot_frac must be in (0, 1], target_rel_se and noise_floor > 0")
-        if self.max_anchors < 2 or self.min_fit_windows < 3 or self.max_failed_anchors < 1:
-            # 0 failed anchors allowed would spend the policy before its first anchor: no cooldown, no correction
-            out.append("max_anchors >= 2, min_fit_windows >= 3 and max_failed_anchors >= 1 are required")
+        # finite values only: nan passed every comparison and turned the anchoring off without a word
+        out = out_of_bounds(self, positive=("anchor_window_s", "tau_s", "target_rel_se", "noise_floor"),
+                            nonnegative=("seconds", "min_step_c"), at_least_one=("growth",))
+        if not 0 < self.hot_frac <= 1:
+            out.append(f"hot_frac: must be in (0, 1], got {self.hot_frac}")
+        # 0 failed anchors allowed would spend the policy before its first anchor: no cooldown, no correction
+        for key, least in (("max_anchors", 2), ("min_fit_windows", 3), ("max_failed_anchors", 1)):
+            if getattr(self, key) < least:
+                out.append(f"{key}: must be >= {least}, got {getattr(self, key)}")
         return out + _clock_problems(ctx, "reference_mhz", [self.reference_mhz] if self.reference_mhz else [])
 
 
