@@ -216,6 +216,22 @@ def test_check_reads_every_page_of_a_journal_to_be_resumed(tmp_path):
         check_journal(path, "h")
 
 
+def test_check_reads_back_every_row_of_a_journal_to_be_resumed(tmp_path):
+    """A row whose readings were damaged passed SQLite's page check; the resume then crashed on it
+    with a JSONDecodeError traceback, a new run folder left behind."""
+    from kareus.profiler.journal import JournalError, check_journal
+
+    path = tmp_path / "journal.sqlite"
+    with Journal.open(path, "h") as j:
+        for i in range(3):
+            j.append(meas("fwd", i), backend="sim", clock_mhz=1410, gpu_temperature_c=50.0)
+    check_journal(path, "h")
+    with sqlite3.connect(path) as con:
+        con.execute("UPDATE measurements SET readings = '[X' WHERE id = 2")
+    with pytest.raises(JournalError, match=r"not a readable Kareus journal \(damaged: measurement 2: JSONDecodeError"):
+        check_journal(path, "h")
+
+
 # What a journal row means under each measurement revision, as ``measurement_fingerprint()`` reads it.
 # A change of partitions, ops, the simulated GPU or the profiler's protocol changes it: then bump
 # MEASUREMENT_REVISION (kareus/profiler/journal.py) and pin the new fingerprint under the new revision.

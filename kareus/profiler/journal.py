@@ -166,8 +166,7 @@ class Journal:
 
     # -- reading ---------------------------------------------------------------------------------
     def _rows(self, partition: str | None = None) -> Iterator[tuple]:
-        q = ("SELECT partition, slot, sms, freq_mhz, failed, time_s, energy_j, dynamic_energy_j, static_power_w, "
-             "temperature_c, measured_freq_mhz, repeats, flags, readings, gpu_seconds FROM measurements")
+        q = _ROWS
         args: tuple = ()
         if partition is not None:
             q += " WHERE partition = ?"
@@ -269,6 +268,21 @@ def _read_only(path: Path) -> Iterator[sqlite3.Connection]:
                 side.unlink(missing_ok=True)
 
 
+_ROWS = ("SELECT partition, slot, sms, freq_mhz, failed, time_s, energy_j, dynamic_energy_j, static_power_w, "
+         "temperature_c, measured_freq_mhz, repeats, flags, readings, gpu_seconds FROM measurements")
+
+
+def _undecodable_row(conn: sqlite3.Connection) -> str | None:
+    """The first row a resume could not read back (its number and why), or None: SQLite's page check
+    passes a row whose JSON or values were damaged, and the resume crashed on it mid-run."""
+    for number, row in enumerate(conn.execute(_ROWS + " ORDER BY id"), start=1):
+        try:
+            Journal._measurement(row)
+        except (ValueError, TypeError, KeyError) as err:  # JSONDecodeError is a ValueError
+            return f"measurement {number}: {type(err).__name__}: {err}"
+    return None
+
+
 def check_journal(path: str | os.PathLike[str], config_hash: str) -> None:
     """Refuse (:class:`JournalError`) a journal that is missing, not a Kareus journal, or of another config.
 
@@ -284,6 +298,8 @@ def check_journal(path: str | os.PathLike[str], config_hash: str) -> None:
             conn.execute("SELECT COUNT(*) FROM measurements").fetchone()
             # COUNT(*) reads an index alone: every page must be read, or a damaged one fails mid-run
             damage = conn.execute("PRAGMA quick_check").fetchone()[0]
+            if damage == "ok":
+                damage = _undecodable_row(conn) or "ok"
     except sqlite3.Error as err:
         raise JournalError(f"{p} is not a readable Kareus journal ({err})") from None
     if damage != "ok":
