@@ -369,7 +369,8 @@ def _stopped(why: str) -> str:
     from kareus.profiler.journal import journal_path_for
 
     run_dir = _JOB.run_dir
-    if run_dir is None or not journal_path_for(run_dir).is_file():
+    journal = None if run_dir is None else journal_path_for(run_dir)
+    if journal is None or not journal.is_file() or journal.stat().st_size == 0:  # nothing written to continue
         return why
     return f"{why}; continue with resume={run_dir}"
 

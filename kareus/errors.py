@@ -9,7 +9,8 @@ import sqlite3
 # read-only or failing file system, no file handles left): not a fault of the run or of Kareus
 _MACHINE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.EIO,
                              errno.EMFILE, errno.ENFILE})
-_MACHINE_SQLITE = ("database or disk is full", "disk i/o error", "readonly database", "unable to open database file")
+_MACHINE_SQLITE = ("database or disk is full", "disk i/o error", "readonly database", "unable to open database file",
+                   "database is locked")  # another process holds the file past the busy timeout
 
 
 class KareusError(RuntimeError):

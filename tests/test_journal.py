@@ -1,6 +1,7 @@
 """The measurement journal: exact round trips, the config-hash guard, concurrent and killed writers."""
 from __future__ import annotations
 
+import contextlib
 import math
 import multiprocessing as mp
 import os
@@ -292,3 +293,53 @@ def test_what_journal_rows_mean_is_pinned_to_the_measurement_revision():
     assert REVISION_FINGERPRINTS.get(MEASUREMENT_REVISION) == measurement_fingerprint(), (
         "what a journal row means changed: bump MEASUREMENT_REVISION in kareus/profiler/journal.py and pin "
         "measurement_fingerprint() under the new revision in REVISION_FINGERPRINTS")
+
+
+def test_a_journal_another_process_holds_is_named_as_the_machines_failure(tmp_path):
+    """Locked past the busy timeout, the journal's open ended the run with a traceback naming no file."""
+    from kareus.errors import machine_failure
+
+    path = tmp_path / "journal.sqlite"
+    Journal.open(path, "h").close()
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(sqlite3.OperationalError) as caught:
+            Journal.open(path, "h", timeout_s=0.2)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert machine_failure(caught.value) == f"{path}: database is locked"
+
+
+def test_a_copy_that_fails_leaves_no_half_journal(tmp_path, monkeypatch):
+    """A full disk mid-copy left a 0-byte journal that the error line then told the user to resume."""
+    from kareus.profiler import journal as journal_module
+
+    source = tmp_path / "old" / "journal.sqlite"
+    with Journal.open(source, "h") as j:
+        j.append(meas("fwd", 1), backend="sim", clock_mhz=1410, gpu_temperature_c=50.0)
+    dest = tmp_path / "new" / "journal.sqlite"
+
+    class FullDisk:
+        def __init__(self, conn):
+            self.conn = conn
+
+        def backup(self, target):
+            target.execute("CREATE TABLE half (x)")
+            raise sqlite3.OperationalError("database or disk is full")
+
+        def __getattr__(self, name):
+            return getattr(self.conn, name)
+
+    real = journal_module._read_only
+
+    @contextlib.contextmanager
+    def full(path):
+        with real(path) as conn:
+            yield FullDisk(conn)
+
+    monkeypatch.setattr(journal_module, "_read_only", full)
+    with pytest.raises(sqlite3.OperationalError, match=f"^{dest}: database or disk is full$"):
+        journal_module.copy_journal(source, dest)
+    assert not dest.exists()

@@ -113,8 +113,16 @@ class Journal:
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], config_hash: str, timeout_s: float = 60.0) -> "Journal":
-        """Open or create the journal at ``path``; refuse one written under another config hash."""
-        p = Path(path)
+        """Open or create the journal at ``path``; refuse one written under another config hash. A
+        journal SQLite cannot open (locked by another run past ``timeout_s``, a full disk) is named."""
+        try:
+            return cls._open(Path(path), config_hash, timeout_s)
+        except sqlite3.OperationalError as err:
+            raise sqlite3.OperationalError(f"{path}: {err}") from err
+
+    @classmethod
+    def _open(cls, path: Path, config_hash: str, timeout_s: float) -> "Journal":
+        p = path
         p.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(str(p), timeout=timeout_s, isolation_level=None, check_same_thread=False)
         conn.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
@@ -317,5 +325,9 @@ def copy_journal(source: str | os.PathLike[str], dest: str | os.PathLike[str]) -
         target = sqlite3.connect(str(d))
         try:
             src.backup(target)
+        except sqlite3.Error as err:  # a full disk: no half copy for a later resume to trip over
+            target.close()
+            d.unlink(missing_ok=True)
+            raise sqlite3.OperationalError(f"{d}: {err}") from err
         finally:
             target.close()
