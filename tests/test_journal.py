@@ -197,16 +197,24 @@ def test_copy_holds_the_rows_a_live_writer_has_only_in_its_wal(tmp_path):
         assert old.count() == 5  # the copy is continued, the old journal is not
 
 
+def _checked_journal(folder: Path, rows: int) -> Path:
+    """A journal of ``rows`` measurements under hash ``h``, which its check accepts as written."""
+    from kareus.profiler.journal import check_journal
+
+    path = folder / "journal.sqlite"
+    with Journal.open(path, "h") as j:
+        for i in range(rows):
+            j.append(meas("fwd", i), backend="sim", clock_mhz=1410, gpu_temperature_c=50.0)
+    check_journal(path, "h")
+    return path
+
+
 def test_check_reads_every_page_of_a_journal_to_be_resumed(tmp_path):
     """A damaged page of the measurements table is refused with one line before the run starts: a
     row count, answered from an index alone, passed it, and the resumed run died mid-way."""
     from kareus.profiler.journal import JournalError, check_journal
 
-    path = tmp_path / "journal.sqlite"
-    with Journal.open(path, "h") as j:
-        for i in range(300):
-            j.append(meas("fwd", i), backend="sim", clock_mhz=1410, gpu_temperature_c=50.0)
-    check_journal(path, "h")
+    path = _checked_journal(tmp_path, 300)
     with sqlite3.connect(path) as con:
         [(root,)] = con.execute("SELECT rootpage FROM sqlite_master WHERE name = 'measurements'").fetchall()
         [(size,)] = con.execute("PRAGMA page_size").fetchall()
@@ -222,11 +230,7 @@ def test_check_reads_back_every_row_of_a_journal_to_be_resumed(tmp_path):
     with a JSONDecodeError traceback, a new run folder left behind."""
     from kareus.profiler.journal import JournalError, check_journal
 
-    path = tmp_path / "journal.sqlite"
-    with Journal.open(path, "h") as j:
-        for i in range(3):
-            j.append(meas("fwd", i), backend="sim", clock_mhz=1410, gpu_temperature_c=50.0)
-    check_journal(path, "h")
+    path = _checked_journal(tmp_path, 3)
     with sqlite3.connect(path) as con:
         con.execute("UPDATE measurements SET readings = '[X' WHERE id = 2")
     with pytest.raises(JournalError, match=r"not a readable Kareus journal \(damaged: measurement 2: JSONDecodeError"):
