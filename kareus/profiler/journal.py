@@ -121,8 +121,7 @@ class Journal:
             raise sqlite3.OperationalError(f"{path}: {err}") from err
 
     @classmethod
-    def _open(cls, path: Path, config_hash: str, timeout_s: float) -> "Journal":
-        p = path
+    def _open(cls, p: Path, config_hash: str, timeout_s: float) -> "Journal":
         p.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(str(p), timeout=timeout_s, isolation_level=None, check_same_thread=False)
         conn.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")

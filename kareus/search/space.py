@@ -124,7 +124,7 @@ def space_problems(space: SpaceConfig, gpu: GPUSpec, recorded: bool = False) -> 
         out.append(f"search.space.freq_mhz: min {fr.min} > max {fr.max}")
     if not 0 < fr.min_frac <= 1:
         out.append(f"search.space.freq_mhz.min_frac: must be in (0, 1], got {fr.min_frac}")
-    elif recorded and fr.min_frac != FreqRange.min_frac:  # a default no recorded table is thinned by
+    elif recorded and fr.min_frac != FreqRange.min_frac:  # the default never thins a table; another value would be ignored
         out.append(f"search.space.freq_mhz.min_frac: a replayed table's clocks are thinned by explicit bounds "
                    f"only; set search.space.freq_mhz.min (MHz) instead, got min_frac={fr.min_frac}")
     if not out and not clocks(space, gpu) and not recorded:
