@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from kareus.registry import SURROGATES
-from kareus.search.config import Centre, MBOConfig, RidgeBasis, SurrogateConfig, config_problems
+from kareus.search.config import Centre, GPKernel, MBOConfig, RidgeBasis, SurrogateConfig, config_problems
 from kareus.search.gp import GaussianProcess, gp_features, neg_log_posterior, pairwise_sq
 
 import kareus.search  # noqa: F401  (registers)
@@ -26,20 +26,21 @@ def smooth(X):
     return np.log(1e3 / X[:, 0] + 4.0 / X[:, 1] * (1.0 + 0.3 * X[:, 3]))
 
 
-def test_likelihood_gradient_matches_finite_differences():
+@pytest.mark.parametrize("structure,terms", [("ard", 1), ("additive", 2)])
+def test_likelihood_gradient_matches_finite_differences(structure, terms):
     X = rows(15, seed=0)
     Z = gp_features(X)
     Z = (Z - Z.mean(axis=0)) / np.where(Z.std(axis=0) > 0, Z.std(axis=0), 1.0)
     y = smooth(X)
     y = (y - y.mean()) / y.std()
-    theta = np.concatenate([np.log(np.linspace(0.5, 3.0, Z.shape[1])), [0.2, np.log(0.01)]])
+    theta = np.concatenate([np.log(np.linspace(0.5, 3.0, Z.shape[1])), np.linspace(0.2, -0.4, terms), [np.log(0.01)]])
     D2 = pairwise_sq(Z)
-    _, grad = neg_log_posterior(theta, D2, y)
+    _, grad = neg_log_posterior(theta, D2, y, structure)
     h = 1e-6
     for i in range(len(theta)):
         e = np.zeros_like(theta)
         e[i] = h
-        fd = (neg_log_posterior(theta + e, D2, y)[0] - neg_log_posterior(theta - e, D2, y)[0]) / (2 * h)
+        fd = (neg_log_posterior(theta + e, D2, y, structure)[0] - neg_log_posterior(theta - e, D2, y, structure)[0]) / (2 * h)
         assert grad[i] == pytest.approx(fd, rel=1e-4, abs=1e-6)
 
 
@@ -77,6 +78,52 @@ def test_default_centre_is_the_gp_from_ten_successful_points():
         default = build().fit(X, Y, seed=0).sample(X)
         trees = build(center=Centre.trees).fit(X, Y, seed=0).sample(X)
         assert (np.abs(default.mean(axis=0) - trees.mean(axis=0)).max() > 1e-6) == takes_gp
+
+
+def grid(clocks, sms, slots):
+    """Encoded-like candidates (as ``rows``) on a full grid of clocks x SM counts x slot ranks."""
+    X = np.array([(f, n, s) for f in clocks for n in sms for s in slots], dtype=float)
+    out = np.zeros((len(X), 8))
+    out[:, 0], out[:, 1], out[:, 3], out[:, 7] = X[:, 0], X[:, 1], X[:, 2] / 3, X[:, 2]
+    return out
+
+
+def each_slot_its_sm_curve(X):
+    """log time whose SM curve differs by slot and is the same at every clock (additive in the clock)."""
+    return np.log(1e3 / X[:, 0]) + np.log(1 + 4 / X[:, 1]) * (1 + X[:, 7]) + 0.1 * X[:, 7]
+
+
+def test_auto_kernel_carries_a_slots_sm_curve_to_a_clock_measured_only_where_its_comm_starves():
+    # as on the real table: slots 1 and 2 measured at the lower clock only at 2 SMs
+    X = np.vstack([grid([1410], [2, 4, 8, 12, 16], [0, 1, 2]), grid([1200], [2, 8, 16], [0]), grid([1200], [2], [1, 2])])
+    unmeasured = grid([1200], [8, 12, 16], [1, 2])
+    err = {}
+    for kernel in ("auto", "ard"):
+        gp = GaussianProcess(kernel=kernel).fit(X, each_slot_its_sm_curve(X), seed=0)
+        err[kernel] = np.abs(gp.mean(unmeasured) - each_slot_its_sm_curve(unmeasured)).max()
+        if kernel == "auto":
+            assert gp.structure == "additive"
+    assert err["auto"] < 0.5 * err["ard"], err
+
+
+def test_auto_kernel_keeps_ard_where_clock_and_sms_interact():
+    # time = work / clock + comm / SMs: which term dominates depends on both, so log time is not additive
+    X, test = rows(40, seed=1), rows(200, seed=2)
+    err = {}
+    for kernel in ("auto", "additive"):
+        gp = GaussianProcess(kernel=kernel).fit(X, smooth(X), seed=0)
+        err[kernel] = np.abs(gp.mean(test) - smooth(test)).mean()
+        if kernel == "auto":
+            assert gp.structure == "ard"
+    assert err["auto"] < 0.2 * err["additive"], err
+
+
+def test_gp_kernel_is_checked():
+    with pytest.raises(ValueError, match="allowed: auto, ard, additive"):
+        GaussianProcess(kernel="rbf")
+    bad = config_problems(MBOConfig(surrogate=SurrogateConfig(gp_kernel="rbf")))
+    assert bad == ["search.surrogate.gp_kernel: invalid value 'rbf'; allowed: auto, ard, additive"]
+    assert SurrogateConfig().gp_kernel is GPKernel.auto
 
 
 def test_gp_fit_is_seeded():

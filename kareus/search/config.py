@@ -64,6 +64,14 @@ class Centre(str, Enum):
     gp = "gp"  # a Gaussian process's posterior mean once ``gp_min_points`` succeeded, ``trees`` before and beside failures
 
 
+class GPKernel(str, Enum):
+    """The GP centre's kernel."""
+
+    auto = "auto"  # whichever of ard and additive has the higher marginal likelihood, per fit
+    ard = "ard"  # one Matern-5/2 over every feature, a length scale each
+    additive = "additive"  # a Matern-5/2 on the clock plus one on the other features: SM curves carry across clocks
+
+
 BATCH_POLICIES = ("local", "coverage")  # passes that pick only some candidates, and then none
 HVI_PASSES = ("total", "dynamic", "static", "local")  # passes that score a hypervolume improvement (search.expected, per_clock, hand_over)
 
@@ -85,6 +93,7 @@ class SurrogateConfig:
     clip_margin: float = 0.25  # member predictions stay within the observed (log) range widened by this share
     center: Centre = Centre.gp  # what the members are shifted onto: the bootstrap gives the spread, not the mean
     gp_min_points: int = 10  # center=gp: below this many successful measurements the GP's hyperparameters are guesses
+    gp_kernel: GPKernel = GPKernel.auto  # center=gp: the GP's kernel
 
 
 @dataclass
@@ -297,6 +306,10 @@ def _mbo_problems(cfg: MBOConfig) -> list[str]:
         Centre(s.center)
     except ValueError:
         out.append(f"search.surrogate.center: invalid value {s.center!r}; allowed: {', '.join(c.value for c in Centre)}")
+    try:
+        GPKernel(s.gp_kernel)
+    except ValueError:
+        out.append(f"search.surrogate.gp_kernel: invalid value {s.gp_kernel!r}; allowed: {', '.join(k.value for k in GPKernel)}")
     if s.gp_min_points < 2:
         out.append(f"search.surrogate.gp_min_points: must be >= 2 (a GP needs points to fit), got {s.gp_min_points}")
     out += out_of_bounds(s, "search.surrogate.", positive=("learning_rate",), nonnegative=("min_child_weight",

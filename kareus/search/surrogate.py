@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from kareus.registry import SURROGATES
-from kareus.search.config import Centre, RidgeBasis, SurrogateConfig
+from kareus.search.config import Centre, GPKernel, RidgeBasis, SurrogateConfig
 from kareus.search.gp import GaussianProcess
 
 
@@ -167,7 +167,8 @@ class XGBoostEnsemble:
             seeds.append(seed + 1)
         jobs = [lambda r=r, s=s: self._fit_member(X, Y, r, s) for r, s in zip(rows, seeds)]
         if centre is Centre.gp:  # one GP per target on the successful rows, fitted beside the members
-            jobs += [lambda t=t: GaussianProcess().fit(X[ok], Y[ok, t], seed + t) for t in range(Y.shape[1])]
+            kernel = GPKernel(self.cfg.gp_kernel).value
+            jobs += [lambda t=t: GaussianProcess(kernel=kernel).fit(X[ok], Y[ok, t], seed + t) for t in range(Y.shape[1])]
         if self.cfg.threads > 1:
             with ThreadPoolExecutor(self.cfg.threads) as pool:
                 fits = list(pool.map(lambda job: job(), jobs))
