@@ -92,7 +92,7 @@ def _search_and_plan_on(ctx: RunContext, console: Console, compose: bool, backen
                       run_name=hctx.get("run_name"), tags={"config_hash": ctx.config_hash, "run_dir": str(ctx.run_dir)},
                       simulated=ctx.simulated)
         tasks = make_tasks(ctx, partitions, lambda p: [tracker.partition_listener_factory(p.key, p.slot_labels)])
-        progress = make_progress(bool(ctx.cfg.progress), console=console, simulated=ctx.simulated)
+        progress = make_progress(bool(ctx.cfg.progress), console=console, kind=_hours_label(ctx).strip())
         try:
             with progress:
                 results = launcher.run(tasks, listeners=[progress])

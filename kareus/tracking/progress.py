@@ -57,9 +57,9 @@ class NullProgress:
 class PlainProgress(NullProgress):
     """Non-interactive output: one line per finished partition search, nothing per candidate."""
 
-    def __init__(self, write: Callable[[str], None] | None = None, simulated: bool = True) -> None:
+    def __init__(self, write: Callable[[str], None] | None = None, kind: str = "simulated") -> None:
         self.write = write or log.info
-        self.gpu_label = "simulated GPU time" if simulated else "GPU time"
+        self.gpu_label = f"{kind} GPU time".lstrip()  # kind: "simulated", "replayed" or "" (a real GPU)
         self.states: dict[str, _State] = {}
 
     def __call__(self, event: Any) -> None:
@@ -94,11 +94,11 @@ def _to_log_files(line: str) -> None:
 class ProgressListener(PlainProgress):
     """A rich progress bar per partition: profiled / budget, current hypervolume, GPU time."""
 
-    def __init__(self, console: Any = None, simulated: bool = True, transient: bool = False) -> None:
-        super().__init__(write=_to_log_files, simulated=simulated)  # the bars show them; the run's log keeps them
+    def __init__(self, console: Any = None, kind: str = "simulated", transient: bool = False) -> None:
+        super().__init__(write=_to_log_files, kind=kind)  # the bars show them; the run's log keeps them
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        gpu = "sim GPU" if simulated else "GPU"
+        gpu = {"simulated": "sim GPU", "replayed": "replayed GPU"}.get(kind, "GPU")
         self.progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(),
             TextColumn("HV [cyan]{task.fields[hv]}"), TextColumn(gpu + " [magenta]{task.fields[gpu]}"),
@@ -125,9 +125,10 @@ class ProgressListener(PlainProgress):
                              status="done" if state.done else "")
 
 
-def make_progress(enabled: bool = True, console: Any = None, simulated: bool = True,
+def make_progress(enabled: bool = True, console: Any = None, kind: str = "simulated",
                   interactive: bool | None = None) -> NullProgress:
-    """Rich on a terminal, plain lines in logs, silent when disabled (``interactive`` forces a mode)."""
+    """Rich on a terminal, plain lines in logs, silent when disabled (``interactive`` forces a mode);
+    ``kind`` names the GPU time the searches cost: ``simulated``, ``replayed`` or ``""`` (a real GPU)."""
     if not enabled:
         return NullProgress()
     if interactive is None:
@@ -135,8 +136,8 @@ def make_progress(enabled: bool = True, console: Any = None, simulated: bool = T
 
         interactive = live_terminal(console or Console())
     if interactive:
-        return ProgressListener(console=console, simulated=simulated)
-    return PlainProgress(simulated=simulated)
+        return ProgressListener(console=console, kind=kind)
+    return PlainProgress(kind=kind)
 
 
 def live_terminal(console: Any) -> bool:
