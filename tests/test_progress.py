@@ -49,6 +49,11 @@ def test_rich_progress_tracks_each_partition():
         assert progress.progress.tasks[progress.tasks["bwd_mlp"]].completed == 4
     text = out.getvalue()
     assert "fwd_attn" in text and "sim GPU" in text
+    replayed = Console(file=io.StringIO(), force_terminal=True, width=140)
+    with make_progress(True, console=replayed, kind="replayed", interactive=True) as progress:
+        for event in search_events("fwd_attn", n=4, batch=4):
+            progress(event)
+    assert "replayed GPU" in replayed.file.getvalue()
 
 
 def test_plain_progress_writes_one_line_per_finished_search():

@@ -67,7 +67,7 @@ class Centre(str, Enum):
 class GPKernel(str, Enum):
     """The GP centre's kernel."""
 
-    auto = "auto"  # whichever of ard and additive has the higher marginal likelihood, per fit
+    auto = "auto"  # whichever of ard and additive has the higher marginal likelihood (with the length-scale prior), per fit
     ard = "ard"  # one Matern-5/2 over every feature, a length scale each
     additive = "additive"  # a Matern-5/2 on the clock plus one on the other features: SM curves carry across clocks
 

@@ -157,7 +157,8 @@ class GaussianProcess:
 
     def metric(self, X: np.ndarray) -> np.ndarray:
         """``X`` in the kernel's own coordinates (standardised, divided by the length scales): distances
-        there weigh each feature by how much the fitted target varies along it."""
+        there weigh each feature by how much the fitted target varies along it (under the additive
+        kernel, along it within its own term; the terms' signal variances are left out)."""
         return self.standardised(X) / self._length
 
     def mean(self, X: np.ndarray) -> np.ndarray:
