@@ -217,3 +217,24 @@ def test_a_replayed_tables_search_is_not_recorded_under_a_parallel_layout(tmp_pa
                                       "WHERE t.key = 'kareus.kind' AND t.value = 'invocation'").fetchall()
         tags = dict(con.execute("SELECT key, value FROM tags WHERE run_uuid = ?", (run_id,)).fetchall())
     assert "pp2_tp8" not in name and "choice.parallel" not in tags and tags["choice.search"] == "exhaustive"
+
+
+@pytest.mark.parametrize("mode", ["search", "run"])
+def test_a_search_where_every_profile_fails_is_refused_naming_why(tmp_path, mode):
+    """A hardware description no candidate survives (a link of 1e-300 GB/s overflows every time) ended a
+    search-only run with exit 0 and empty frontiers, and a full run with a composer error naming no cause."""
+    res = kareus(tmp_path, "+model=tiny", "parallel=pp1_tp2", f"mode={mode}", "search.budget=4",
+                 "hardware.nvlink_gbps=1e-300", "progress=false", timeout=300)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    [line] = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
+    assert line.startswith("error: search: every profile failed in fwd_attn (4 profiles), ")
+    assert "first reason: crash: OverflowError" in line
+    run_dir = _run_dir(tmp_path)
+    assert f"are in {run_dir / 'journal.sqlite'})" in line
+    assert _journal_rows(run_dir) > 0  # what it measured, the failures' reasons too, is kept
+    searched = json.loads((run_dir / "search_summary.json").read_text())
+    assert all(s["failed"] == s["profiled"] == 4 for s in searched.values())
+    with sqlite3.connect(tmp_path / "runs" / "mlflow.db") as con:
+        [(status,)] = con.execute("SELECT r.status FROM runs r JOIN tags t ON t.run_uuid = r.run_uuid "
+                                  "WHERE t.key = 'kareus.kind' AND t.value = 'invocation'").fetchall()
+    assert status == "FAILED"

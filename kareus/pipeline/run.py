@@ -110,6 +110,10 @@ def _search_and_plan_on(ctx: RunContext, console: Console, compose: bool, backen
         # before composing: a run whose plan is refused still records what its search cost
         tracker.log_summary({"profiled_candidates": profiled,
                              gpu_hours_name(ctx.simulated, "profiling_"): gpu_seconds / 3600.0})
+        bare = no_frontier(results)
+        if bare:  # nothing to plan from: a search-only run must not read as a success either
+            _write_summary(ctx, summary)
+            raise RefusedWithOutputs(f"search: {bare} (every measurement and its reason are in {ctx.journal_path})")
         if compose and ctx.partitioning is not None:
             summary.update(_compose_and_plan(ctx, console, backend, results, tracker))
             if "selection_error" in summary:  # refused once everything, the summary too, is on disk
@@ -123,6 +127,19 @@ def _search_and_plan_on(ctx: RunContext, console: Console, compose: bool, backen
     _write_summary(ctx, summary)
     console.print(f"run directory: {ctx.run_dir}")  # where resume= and the frontiers point
     return summary
+
+
+def no_frontier(results: list) -> str | None:
+    """The partitions where every profile failed, with the first failure's reason, in one phrase; None
+    when every partition has a frontier. A hardware description no candidate survives (a link of
+    1e-300 GB/s overflows every time) would otherwise end a search-only run with exit 0 and empty
+    frontiers, and a full run with a composer error that names no cause."""
+    bare = [r for r in results if r.measurements and all(m.failed for m in r.measurements)]
+    if not bare:
+        return None
+    first = next((m.flags[0] for m in bare[0].measurements if m.flags), "no reason recorded")
+    parts = ", ".join(f"{r.partition} ({len(r.measurements)} profiles)" for r in bare)
+    return f"every profile failed in {parts}, so there is no frontier to plan from; first reason: {first}"
 
 
 def _note_initial(ctx: RunContext, sizes: dict[str, int]) -> None:
