@@ -20,21 +20,21 @@ class Terminal(io.StringIO):
 def test_modes_follow_setting_and_terminal():
     tty = Console(file=Terminal(), force_terminal=True)
     pipe = Console(file=io.StringIO(), force_terminal=False)
-    assert isinstance(make_progress(False, console=tty), NullProgress)
-    assert not isinstance(make_progress(False, console=tty), PlainProgress)
-    assert isinstance(make_progress(True, console=tty), ProgressListener)
-    plain = make_progress(True, console=pipe)
+    assert isinstance(make_progress("simulated", False, console=tty), NullProgress)
+    assert not isinstance(make_progress("simulated", False, console=tty), PlainProgress)
+    assert isinstance(make_progress("simulated", True, console=tty), ProgressListener)
+    plain = make_progress("simulated", True, console=pipe)
     assert isinstance(plain, PlainProgress) and not isinstance(plain, ProgressListener)
     # FORCE_COLOR (many CI systems set it) makes rich call a pipe a terminal: a live bar there wrote
     # cursor codes into the results
-    forced = make_progress(True, console=Console(file=io.StringIO(), force_terminal=True))
+    forced = make_progress("simulated", True, console=Console(file=io.StringIO(), force_terminal=True))
     assert isinstance(forced, PlainProgress) and not isinstance(forced, ProgressListener)
 
 
 def test_rich_progress_tracks_each_partition():
     out = io.StringIO()
     console = Console(file=out, force_terminal=True, width=140)
-    with make_progress(True, console=console, interactive=True) as progress:
+    with make_progress("simulated", True, console=console, interactive=True) as progress:
         events = search_events("fwd_attn", n=8, batch=4, budget=10)
         for event in events[:6] + search_events("bwd_mlp", n=4, batch=4)[:-1]:  # interleaved partitions
             progress(event)
@@ -50,7 +50,7 @@ def test_rich_progress_tracks_each_partition():
     text = out.getvalue()
     assert "fwd_attn" in text and "sim GPU" in text
     replayed = Console(file=io.StringIO(), force_terminal=True, width=140)
-    with make_progress(True, console=replayed, kind="replayed", interactive=True) as progress:
+    with make_progress("replayed", True, console=replayed, interactive=True) as progress:
         for event in search_events("fwd_attn", n=4, batch=4):
             progress(event)
     assert "replayed GPU" in replayed.file.getvalue()
@@ -58,18 +58,18 @@ def test_rich_progress_tracks_each_partition():
 
 def test_plain_progress_writes_one_line_per_finished_search():
     lines: list[str] = []
-    progress = PlainProgress(write=lines.append)
+    progress = PlainProgress("simulated", write=lines.append)
     for event in search_events("fwd_attn", n=8, batch=4, budget=10):
         progress(event)
     assert len(lines) == 1
     assert lines[0].startswith("partition fwd_attn: profiled 8/10, 1 failed")
     assert "simulated GPU time 2.0 s" in lines[0]
-    assert PlainProgress(write=lines.append, kind="replayed").gpu_label == "replayed GPU time"
-    assert PlainProgress(write=lines.append, kind="").gpu_label == "GPU time"
+    assert PlainProgress("replayed", write=lines.append).gpu_label == "replayed GPU time"
+    assert PlainProgress("", write=lines.append).gpu_label == "GPU time"
 
 
 def test_null_progress_prints_nothing(capsys):
-    with make_progress(False) as progress:
+    with make_progress("simulated", False) as progress:
         for event in search_events("fwd_attn", n=4, batch=4):
             progress(event)
     assert capsys.readouterr() == ("", "")
@@ -95,7 +95,7 @@ def test_on_a_terminal_the_runs_log_file_still_gets_each_partitions_line(tmp_pat
     root.setLevel(logging.INFO)
     try:
         out = io.StringIO()
-        with make_progress(True, console=Console(file=out, force_terminal=True, width=140), interactive=True) as progress:
+        with make_progress("simulated", True, console=Console(file=out, force_terminal=True, width=140), interactive=True) as progress:
             for event in search_events("fwd_attn", n=8, batch=4, budget=10):
                 progress(event)
     finally:

@@ -31,6 +31,11 @@ class RunContext:
         return self.hardware_name == "sim"
 
     @property
+    def numbers_kind(self) -> str:
+        """How a run's numbers are labelled: ``simulated``, ``replayed`` (a recorded table) or ``""`` (a real GPU)."""
+        return {"sim": "simulated", "replay": "replayed"}.get(self.hardware_name, "")
+
+    @property
     def journal_path(self) -> Path:
         """This run's measurement journal (a resumed run continues a copy of the old one here)."""
         from kareus.profiler.journal import journal_path_for

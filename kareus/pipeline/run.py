@@ -92,7 +92,7 @@ def _search_and_plan_on(ctx: RunContext, console: Console, compose: bool, backen
                       run_name=hctx.get("run_name"), tags={"config_hash": ctx.config_hash, "run_dir": str(ctx.run_dir)},
                       simulated=ctx.simulated)
         tasks = make_tasks(ctx, partitions, lambda p: [tracker.partition_listener_factory(p.key, p.slot_labels)])
-        progress = make_progress(bool(ctx.cfg.progress), console=console, kind=_hours_label(ctx).strip())
+        progress = make_progress(ctx.numbers_kind, bool(ctx.cfg.progress), console=console)
         try:
             with progress:
                 results = launcher.run(tasks, listeners=[progress])
@@ -195,7 +195,7 @@ def _compose_and_plan(ctx: RunContext, console: Console, backend: Any, results: 
     except PlanSelectionError as err:
         selection_error = str(err)
     outputs = write_run_outputs(ctx.run_dir, plans, selected, comp.reference)
-    label = "simulated" if ctx.simulated else ctx.hardware_name
+    label = ctx.numbers_kind or ctx.hardware_name
     console.print(frontier_table(plans, comp.reference, selected,
                                  title=f"Iteration frontier ({label} {ctx.gpu.name}, predicted)"))
     ref_t, ref_e = comp.reference.time_s, comp.reference.energy_j
@@ -304,4 +304,4 @@ def _print_search_summary(console: Console, summary: dict[str, Any], gpu_seconds
 
 def _hours_label(ctx: RunContext) -> str:
     """What kind of GPU-hours a run's costs are: ``simulated ``, ``replayed `` or (real GPUs) none."""
-    return {"sim": "simulated ", "replay": "replayed "}.get(ctx.hardware_name, "")
+    return f"{ctx.numbers_kind} " if ctx.numbers_kind else ""

@@ -57,7 +57,7 @@ class NullProgress:
 class PlainProgress(NullProgress):
     """Non-interactive output: one line per finished partition search, nothing per candidate."""
 
-    def __init__(self, write: Callable[[str], None] | None = None, kind: str = "simulated") -> None:
+    def __init__(self, kind: str, write: Callable[[str], None] | None = None) -> None:
         self.write = write or log.info
         self.gpu_label = f"{kind} GPU time".lstrip()  # kind: "simulated", "replayed" or "" (a real GPU)
         self.states: dict[str, _State] = {}
@@ -94,8 +94,8 @@ def _to_log_files(line: str) -> None:
 class ProgressListener(PlainProgress):
     """A rich progress bar per partition: profiled / budget, current hypervolume, GPU time."""
 
-    def __init__(self, console: Any = None, kind: str = "simulated", transient: bool = False) -> None:
-        super().__init__(write=_to_log_files, kind=kind)  # the bars show them; the run's log keeps them
+    def __init__(self, kind: str, console: Any = None, transient: bool = False) -> None:
+        super().__init__(kind, write=_to_log_files)  # the bars show them; the run's log keeps them
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         gpu = {"simulated": "sim GPU", "replayed": "replayed GPU"}.get(kind, "GPU")
@@ -125,7 +125,7 @@ class ProgressListener(PlainProgress):
                              status="done" if state.done else "")
 
 
-def make_progress(enabled: bool = True, console: Any = None, kind: str = "simulated",
+def make_progress(kind: str, enabled: bool = True, console: Any = None,
                   interactive: bool | None = None) -> NullProgress:
     """Rich on a terminal, plain lines in logs, silent when disabled (``interactive`` forces a mode);
     ``kind`` names the GPU time the searches cost: ``simulated``, ``replayed`` or ``""`` (a real GPU)."""
@@ -136,8 +136,8 @@ def make_progress(enabled: bool = True, console: Any = None, kind: str = "simula
 
         interactive = live_terminal(console or Console())
     if interactive:
-        return ProgressListener(console=console, kind=kind)
-    return PlainProgress(kind=kind)
+        return ProgressListener(kind, console=console)
+    return PlainProgress(kind)
 
 
 def live_terminal(console: Any) -> bool:
