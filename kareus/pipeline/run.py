@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
 from kareus.errors import KareusError, OutputClosed, RefusedWithOutputs
 from kareus.pipeline.context import RunContext, build_context
+
+if TYPE_CHECKING:
+    from kareus.search.base import SearchResult
 
 
 class _Console(Console):
@@ -129,7 +132,7 @@ def _search_and_plan_on(ctx: RunContext, console: Console, compose: bool, backen
     return summary
 
 
-def no_frontier(results: list) -> str | None:
+def no_frontier(results: list[SearchResult]) -> str | None:
     """The partitions where every profile failed, with the first failure's reason, in one phrase; None
     when every partition has a frontier. A hardware description no candidate survives (a link of
     1e-300 GB/s overflows every time) would otherwise end a search-only run with exit 0 and empty
