@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import re
 
 import pytest
@@ -15,10 +16,13 @@ from kareus.plan import (
     PlanConfig, PlanFormatError, PlanSelectionError, SelectRule, frontier_table, load_plan, make_plans,
     plan_energy, save_plan, select_plan, simulate_plan, write_run_outputs,
 )
-from kareus.types import Candidate, Direction, InstructionWork, Partitioning
+from kareus.plan.model import MadeFor
+from kareus.types import Candidate, Direction, InstructionWork, ModelSpec, ParallelSpec, Partitioning
 
 F, B = Direction.FWD, Direction.BWD
 S, M = 3, 5
+MADE_FOR = MadeFor.of(ModelSpec("tiny", 6, 512, 1536, 8, 4, 64, 32000),
+                      ParallelSpec(tp=2, pp=S, micro_batch_size=4, num_microbatches=M, seq_len=2048))
 
 
 def _with_choices(options):
@@ -44,14 +48,14 @@ def frontier():
 def plans(frontier):
     part = Partitioning(types=(), work=tuple(InstructionWork(s, d, ((f"{d.value}_attn", 7),))
                                              for s in range(S) for d in (F, B)))
-    return make_plans(frontier, part, config_hash="abc123", hardware="sim:a100")
+    return make_plans(frontier, part, config_hash="abc123", hardware="sim:a100", made_for=MADE_FOR)
 
 
 def test_one_plan_per_frontier_point_with_predictions(frontier, plans):
     assert len(plans) == len(frontier) > 3
     for p, point in zip(plans, frontier):
         assert (p.predicted_time_s, p.predicted_energy_j) == (point.time_s, point.energy_j)
-        assert p.config_hash == "abc123" and p.hardware == "sim:a100" and p.schema_version == 2
+        assert p.config_hash == "abc123" and p.hardware == "sim:a100" and p.schema_version == 3 and p.made_for == MADE_FOR
         for s in range(S):
             for d in (F, B):
                 covered = sorted(m for ins in p.stages[s].instructions if ins.direction == d.value
@@ -127,6 +131,10 @@ def test_event_simulation_uses_the_given_durations(plans):
     assert slow.time_s == pytest.approx(2 * p.predicted_time_s)
 
 
+def _without_made_for(text: str) -> str:
+    return re.sub(r"made_for: \{[^}]*\}\n", "", text)
+
+
 def test_round_trip(tmp_path, plans):
     for p in plans[:3]:
         path = save_plan(p, tmp_path / f"p{p.index}.yaml")
@@ -134,7 +142,7 @@ def test_round_trip(tmp_path, plans):
 
 
 @pytest.mark.parametrize("mutate,match", [
-    (lambda t: t.replace("schema_version: 2", "schema_version: 99"), "schema_version 99"),
+    (lambda t: t.replace("schema_version: 3", "schema_version: 99"), "schema_version 99"),
     (lambda t: t.replace("hardware: sim:a100", "hardware: sim:a100\nextra: 1"), "unknown key"),
     (lambda t: t.replace("num_stages: 3", "num_stages: three"), "num_stages: expected an integer"),
     (lambda t: t.replace("config_hash: abc123\n", ""), "missing key 'config_hash'"),
@@ -145,7 +153,10 @@ def test_round_trip(tmp_path, plans):
     (lambda t: t.replace("clock_switch_s: 0.0\n", ""), "missing key 'clock_switch_s'"),  # a version 2 plan prices them
     (lambda t: t.replace("clock_switch_s: 0.0", "clock_switch_s: -0.001"), r"clock_switch_s: must be >= 0"),
     (lambda t: t.replace("schedule: 1f1b", "schedule: bogus"), "'bogus' is not a schedule; allowed: 1f1b"),
-    (lambda t: t.replace("schema_version: 2", "schema_version: true"), "schema_version True is not supported"),
+    (lambda t: t.replace("schema_version: 3", "schema_version: true"), "schema_version True is not supported"),
+    (_without_made_for, "missing key 'made_for'"),  # a version 3 plan names its layout
+    (lambda t: t.replace(" tp: 2,", " tp: two,"), r"made_for.tp: expected an integer"),
+    (lambda t: t.replace("sequence_parallel: false", "sequence_parallel: 0"), r"sequence_parallel: expected true or false"),
     (lambda t: t.replace("gpus_per_stage: 4", "gpus_per_stage: 0"), r"gpus_per_stage: must be >= 1"),
     (lambda t: t.replace("index: 0", "index: -5"), r"index: must be >= 0"),
     (lambda t: re.sub(r"predicted_time_s: .*", "predicted_time_s: 0.0", t), "predicted_time_s: must be positive"),
@@ -161,17 +172,29 @@ def test_bad_plan_files_fail_clearly(tmp_path, plans, mutate, match):
 
 def test_a_version_1_plan_file_loads_with_its_switches_unpriced(tmp_path, plans):
     """Plans written before clock_switch_s (schema_version 1) still load, as plans whose predicted
-    time prices no switch; a version 1 file with the new key is refused."""
+    time prices no switch and that name no layout; a version 1 file with a newer key is refused."""
     path = save_plan(plans[0], tmp_path / "p.yaml")
     text = path.read_text()
-    assert "schema_version: 2" in text and "clock_switch_s: 0.0" in text
-    old = text.replace("schema_version: 2", "schema_version: 1").replace("clock_switch_s: 0.0\n", "")
+    assert "schema_version: 3" in text and "clock_switch_s: 0.0" in text
+    old = _without_made_for(text.replace("schema_version: 3", "schema_version: 1").replace("clock_switch_s: 0.0\n", ""))
     path.write_text(old)
     loaded = load_plan(path)
-    assert loaded == plans[0] and loaded.schema_version == 2 and loaded.clock_switch_s == 0.0
+    assert loaded == dataclasses.replace(plans[0], made_for=None) and loaded.schema_version == 3
+    assert loaded.clock_switch_s == 0.0
     assert load_plan(save_plan(loaded, tmp_path / "again.yaml")) == loaded  # saved again, it reads back
-    path.write_text(text.replace("schema_version: 2", "schema_version: 1"))
+    path.write_text(text.replace("schema_version: 3", "schema_version: 1"))
     with pytest.raises(PlanFormatError, match="schema_version 1 has none"):
+        load_plan(path)
+
+
+def test_a_version_2_plan_loads_without_a_layout(tmp_path, plans):
+    """Plans written before made_for (schema_version 2) load with none: executors refuse them."""
+    path = save_plan(plans[0], tmp_path / "p.yaml")
+    text = path.read_text().replace("schema_version: 3", "schema_version: 2")
+    path.write_text(_without_made_for(text))
+    assert load_plan(path).made_for is None
+    path.write_text(text)
+    with pytest.raises(PlanFormatError, match="schema_version 2 has none"):
         load_plan(path)
 
 

@@ -37,6 +37,7 @@ class Piece:
     comm: Op | None
     first: bool  # the stage's first segment (its chain lacks the ops the previous layer would add)
     nanobatch: int = 0  # whose compute this is
+    segment_index: int = 0  # k: the chain is the block's k-th segment (its ops at ``Segment.ops``)
 
 
 def comm_signature(op: Op) -> tuple:
@@ -44,23 +45,39 @@ def comm_signature(op: Op) -> tuple:
     return (op.collective, op.message_bytes, op.group_size, op.link)
 
 
+@dataclass(frozen=True)
+class Segment:
+    """Where a segment sits in the block's op list: its compute ops and the comm op that ends it."""
+
+    ops: range  # positions of the compute ops
+    comm: int | None  # position of the comm op that ends it (None: the block's last segment)
+
+
+def segments_of(ops: tuple[Op, ...]) -> tuple[list[Segment], list[int]]:
+    """Split at comm ops, by position. Returns (segments, positions of stray comms that follow no
+    compute: they run sequentially)."""
+    segments: list[Segment] = []
+    stray: list[int] = []
+    start: int | None = None
+    for i, op in enumerate(ops):
+        if op.is_comm:
+            if start is not None:
+                segments.append(Segment(range(start, i), i))
+                start = None
+            else:
+                stray.append(i)
+        elif start is None:
+            start = i
+    if start is not None:
+        segments.append(Segment(range(start, len(ops)), None))
+    return segments, stray
+
+
 def cut(ops: tuple[Op, ...]) -> tuple[list[tuple[tuple[Op, ...], Op | None]], list[Op]]:
     """Split at comm ops. Returns (segments, stray comms that follow no compute: run sequentially)."""
-    segments: list[tuple[tuple[Op, ...], Op | None]] = []
-    stray: list[Op] = []
-    current: list[Op] = []
-    for op in ops:
-        if op.is_comm:
-            if current:
-                segments.append((tuple(current), op))
-                current = []
-            else:
-                stray.append(op)
-        else:
-            current.append(op)
-    if current:
-        segments.append((tuple(current), None))
-    return segments, stray
+    segments, stray = segments_of(ops)
+    return ([(tuple(ops[i] for i in s.ops), None if s.comm is None else ops[s.comm]) for s in segments],
+            [ops[i] for i in stray])
 
 
 _FWD_RULES: tuple[tuple[str, Callable[[set[str]], bool]], ...] = (
@@ -105,13 +122,14 @@ def pieces(ops: tuple[Op, ...], direction: Direction, nanobatches: int) -> tuple
     n = len(segments)
     if nanobatches == 1:
         for k, (chain, c) in enumerate(segments):
-            out.append(Piece(direction, segment_name(chain, direction, c is None and k == n - 1), chain, c, k == 0))
+            out.append(Piece(direction, segment_name(chain, direction, c is None and k == n - 1), chain, c, k == 0,
+                             0, k))
     elif nanobatches == 2:
         prev: Op | None = None
         for k, (chain, c) in enumerate(segments):
             name = segment_name(chain, direction, c is None and k == n - 1)
-            out.append(Piece(direction, name, chain, prev, k == 0, 0))
-            out.append(Piece(direction, name, chain, c, k == 0, 1))
+            out.append(Piece(direction, name, chain, prev, k == 0, 0, k))
+            out.append(Piece(direction, name, chain, c, k == 0, 1, k))
             prev = c
         if prev is not None:  # a block ending in a comm: nanobatch 1's last comm has nothing beside it
             residual.append(prev)
@@ -203,12 +221,9 @@ def _keys(chains: dict[Group, dict[Chain, int]], canonical: dict[tuple[Group, Ch
     return keys
 
 
-def partition_workload(workload: Workload, nanobatches: int, with_slots: bool, merge_boundary: bool,
-                       build_slots: Callable[[tuple[Op, ...]], tuple[Slot, ...]]) -> Partitioning:
-    """Cut, pair, group and count; ``with_slots=False`` gives the sequential (no-overlap) variant."""
-    instrs = _instruction_pieces(workload, nanobatches)
-
-    # distinct chains per group with occurrence counts
+def _keying(instrs: Instr, merge_boundary: bool) -> tuple:
+    """Distinct chains per group with occurrence counts, each chain's canonical chain, and the key of
+    every (group, canonical chain): what names a piece's partition type."""
     chains: dict[Group, dict[Chain, int]] = {}
     comm_op: dict[Group, Op] = {}
     first_only: dict[tuple[Group, Chain], bool] = {}
@@ -220,7 +235,29 @@ def partition_workload(workload: Workload, nanobatches: int, with_slots: bool, m
             comm_op.setdefault(g, p.comm)
             first_only[(g, p.chain)] = first_only.get((g, p.chain), True) and p.first
     canonical = _canonical(chains, merge_boundary)
-    keys = _keys(chains, canonical, first_only, comm_op)
+    return chains, comm_op, first_only, canonical, _keys(chains, canonical, first_only, comm_op)
+
+
+def piece_keys(workload: Workload, nanobatches: int, merge_boundary: bool) -> dict[tuple[int, Direction], dict[tuple[int, int], str]]:
+    """The partition key of every paired piece of each stage's layer block, per (stage, direction):
+    ``{(nanobatch, segment index): key}``, keyed exactly as :func:`partition_workload` keys its types,
+    so an executor that runs the block's segments finds each one's plan setting by the plan's own key."""
+    instrs = _instruction_pieces(workload, nanobatches)
+    _, _, _, canonical, keys = _keying(instrs, merge_boundary)
+    out: dict[tuple[int, Direction], dict[tuple[int, int], str]] = {}
+    for st in workload.stages:
+        for d in Direction:
+            ps, _ = pieces(st.block_ops(d), d, nanobatches)
+            out[(st.index, d)] = {(p.nanobatch, p.segment_index): keys[(_group(p), canonical[(_group(p), p.chain)])]
+                                  for p in ps}
+    return out
+
+
+def partition_workload(workload: Workload, nanobatches: int, with_slots: bool, merge_boundary: bool,
+                       build_slots: Callable[[tuple[Op, ...]], tuple[Slot, ...]]) -> Partitioning:
+    """Cut, pair, group and count; ``with_slots=False`` gives the sequential (no-overlap) variant."""
+    instrs = _instruction_pieces(workload, nanobatches)
+    chains, comm_op, first_only, canonical, keys = _keying(instrs, merge_boundary)
 
     # partition types and per-instruction counts, ordered as a layer runs them (fwd first;
     # segments as they first appear; nanobatch 0's piece before nanobatch 1's)
@@ -247,4 +284,5 @@ def partition_workload(workload: Workload, nanobatches: int, with_slots: bool, m
     return Partitioning(tuple(types[k] for k in ranked), tuple(work))
 
 
-__all__ = ["COMM_ABBREV", "Piece", "comm_signature", "cut", "partition_workload", "pieces", "segment_name"]
+__all__ = ["COMM_ABBREV", "Piece", "Segment", "comm_signature", "cut", "partition_workload", "piece_keys", "pieces",
+           "segment_name", "segments_of"]

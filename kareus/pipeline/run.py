@@ -168,6 +168,7 @@ def _write_summary(ctx: RunContext, summary: dict[str, Any]) -> None:
 def _compose_and_plan(ctx: RunContext, console: Console, backend: Any, results: list, tracker: Any) -> dict[str, Any]:
     from kareus.pipeline.composing import compose, measure_fixed_work, measure_perseus_space
     from kareus.plan import PlanSelectionError, frontier_table, make_plans, select_plan, write_run_outputs
+    from kareus.plan.model import MadeFor
     from kareus.profiler import Journal, Profiler, ProfilerConfig
     from kareus.registry import to_dataclass
     from kareus.tracking import summary_metrics
@@ -191,7 +192,8 @@ def _compose_and_plan(ctx: RunContext, console: Console, backend: Any, results: 
     tracker.log_summary({gpu_hours_name(ctx.simulated, "fixed_work_"): fixed_gpu_seconds / 3600.0})
     comp = compose(ctx, results, fixed)
     plans = make_plans(comp.frontier, [ctx.partitioning, fixed.megatron], config_hash=ctx.config_hash,
-                       hardware=ctx.hardware_label)
+                       hardware=ctx.hardware_label,
+                       made_for=None if ctx.model is None else MadeFor.of(ctx.model, ctx.parallel))
     selected, selection_error = None, None
     try:
         selected = select_plan(plans, ctx.typed["plan"])

@@ -7,16 +7,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
 import typing
 from pathlib import Path
 from typing import Any
 
 from kareus.errors import not_text
-from kareus.plan.model import SCHEMA_VERSION, ExecutionPlan, InstructionPlan, PartitionSetting, StagePlan
+from kareus.plan.model import SCHEMA_VERSION, ExecutionPlan, InstructionPlan, MadeFor, PartitionSetting, StagePlan
 
-# version 1 plans have no clock_switch_s: they load (and save again) as version 2 plans whose
-# switches were not priced
-READABLE_VERSIONS = (1, SCHEMA_VERSION)
+# version 1 plans have no clock_switch_s: they load (and save again) as current plans whose switches
+# were not priced; versions 1 and 2 have no made_for: they load without it (an executor refuses them)
+READABLE_VERSIONS = (1, 2, SCHEMA_VERSION)
 
 
 class PlanFormatError(ValueError):
@@ -63,6 +64,15 @@ def _value(tp: Any, v: Any, where: str) -> Any:
         if not isinstance(v, list):
             raise PlanFormatError(f"{where}: expected a list, got {type(v).__name__}")
         return tuple(_value(inner, x, f"{where}[{i}]") for i, x in enumerate(v))
+    if origin in (typing.Union, types.UnionType) and type(None) in typing.get_args(tp):
+        if v is None:
+            return None
+        (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _value(inner, v, where)
+    if tp is bool:
+        if not isinstance(v, bool):
+            raise PlanFormatError(f"{where}: expected true or false, got {v!r}")
+        return v
     if tp is int:
         if isinstance(v, bool) or not isinstance(v, int):
             raise PlanFormatError(f"{where}: expected an integer, got {v!r}")
@@ -85,7 +95,10 @@ def plan_from_dict(data: Any, where: str = "plan") -> ExecutionPlan:
                               f"(expected one of {', '.join(map(str, READABLE_VERSIONS))})")
     if version == 1 and "clock_switch_s" in data:
         raise PlanFormatError(f"{where}: unknown key(s) clock_switch_s (schema_version 1 has none; 2 does)")
-    optional = frozenset({"clock_switch_s"} if version == 1 else ())  # 1: switches unpriced
+    if version in (1, 2) and "made_for" in data:
+        raise PlanFormatError(f"{where}: unknown key(s) made_for (schema_version {version} has none; 3 does)")
+    # 1: switches unpriced; 1 and 2: no model or layout recorded
+    optional = frozenset(({"clock_switch_s"} if version == 1 else set()) | ({"made_for"} if version in (1, 2) else set()))
     plan = dataclasses.replace(_check(ExecutionPlan, data, where, optional), schema_version=SCHEMA_VERSION)
     _check_plan_values(plan, where)
     if len(plan.stages) != plan.num_stages:
@@ -193,4 +206,4 @@ def load_plan(path: str | Path) -> ExecutionPlan:
 
 
 __all__ = ["PlanFormatError", "load_plan", "plan_from_dict", "plan_to_dict", "save_plan",
-           "ExecutionPlan", "InstructionPlan", "PartitionSetting", "StagePlan"]
+           "ExecutionPlan", "InstructionPlan", "MadeFor", "PartitionSetting", "StagePlan"]

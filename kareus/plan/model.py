@@ -9,9 +9,51 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from kareus.compose.iteration import IterationFrontier
-from kareus.types import Direction, Partitioning
+from kareus.types import Direction, ModelSpec, ParallelSpec, Partitioning
 
-SCHEMA_VERSION = 2  # 2: clock_switch_s
+SCHEMA_VERSION = 3  # 2: clock_switch_s; 3: made_for
+
+
+@dataclass(frozen=True)
+class MadeFor:
+    """The model and layout a plan was composed for: an executor refuses to run it on any other (its
+    partition keys, counts and predicted times are that layout's)."""
+
+    model: str
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    qk_layernorm: bool
+    norm: str
+    activation: str
+    tp: int
+    pp: int
+    cp: int
+    micro_batch_size: int
+    num_microbatches: int
+    seq_len: int
+    nanobatches: int
+    sequence_parallel: bool
+    recompute: str
+
+    @classmethod
+    def of(cls, model: ModelSpec, parallel: ParallelSpec) -> "MadeFor":
+        return cls(model.name, model.num_layers, model.hidden_size, model.ffn_hidden_size, model.num_attention_heads,
+                   model.num_kv_heads, model.head_dim, model.vocab_size, bool(model.qk_layernorm), model.norm,
+                   model.activation, parallel.tp, parallel.pp, parallel.cp, parallel.micro_batch_size,
+                   parallel.num_microbatches, parallel.seq_len, parallel.nanobatches,
+                   bool(parallel.sequence_parallel), parallel.recompute)
+
+    def differences(self, other: "MadeFor") -> list[str]:
+        """``key: plan's value != other's`` for every field that differs."""
+        import dataclasses
+
+        return [f"{f.name}: plan {getattr(self, f.name)!r} != {getattr(other, f.name)!r}"
+                for f in dataclasses.fields(self) if getattr(self, f.name) != getattr(other, f.name)]
 
 
 @dataclass(frozen=True)
@@ -65,6 +107,7 @@ class ExecutionPlan:
     predicted_dynamic_energy_j: float
     stages: tuple[StagePlan, ...]
     clock_switch_s: float = 0.0  # GPU idle time per clock change, priced into the predicted time
+    made_for: MadeFor | None = None  # None: a plan saved before schema 3 (it names no model or layout)
 
     @property
     def switches(self) -> int:
@@ -83,7 +126,7 @@ class ExecutionPlan:
 
 
 def make_plans(frontier: IterationFrontier, partitioning: Partitioning | Sequence[Partitioning] | None = None, *,
-               config_hash: str, hardware: str) -> list[ExecutionPlan]:
+               config_hash: str, hardware: str, made_for: MadeFor | None = None) -> list[ExecutionPlan]:
     """One ExecutionPlan per iteration-frontier point, fastest first.
 
     ``partitioning`` (optional; several, e.g. the nanobatch one and Megatron's own) adds each
@@ -121,6 +164,6 @@ def make_plans(frontier: IterationFrontier, partitioning: Partitioning | Sequenc
             gpus_per_stage=int(frontier.model.gpus_per_stage), static_power_w=float(frontier.model.static_power_w),
             predicted_time_s=float(a.time_s), predicted_energy_j=float(a.energy_j),
             predicted_dynamic_energy_j=float(a.dynamic_energy_j), stages=tuple(stages),
-            clock_switch_s=float(frontier.model.clock_switch_s)))
+            clock_switch_s=float(frontier.model.clock_switch_s), made_for=made_for))
     return plans
 

@@ -1,0 +1,162 @@
+"""Numerical equivalence of the partitioned executor with plain megatron-core, on CPU over gloo.
+
+One torchrun worker (``python -m kareus.runtime.equivalence --variant tp2 --out F``) builds the same
+small GPTModel twice from the same weights, once with ``get_gpt_layer_local_spec()`` and once with
+:func:`kareus.runtime.partitioned.layer_spec` running a plan of random launch slots and SM counts per
+partition and instruction (``sequential`` among them, and Megatron's layout for one microbatch), trains
+both through megatron-core's schedule (1F1B where pp > 1) with the plan hooks, and compares the step-0
+loss and every parameter gradient, and the loss over ``steps`` optimizer steps. Rank 0 writes the result
+as JSON. ``launch(variant)`` runs a worker with torchrun and returns that result.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from kareus.types import ModelSpec, ParallelSpec
+
+# variant -> (tp, pp, sequence parallel, world size)
+VARIANTS: dict[str, tuple[int, int, bool, int]] = {"tp2": (2, 1, False, 2), "tp2_sp": (2, 1, True, 2),
+                                                   "pp2_tp2": (2, 2, False, 4)}
+MODEL = ModelSpec("equivalence", num_layers=4, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4,
+                  num_kv_heads=2, head_dim=16, vocab_size=128)
+SEQ, MICRO_BATCH, MICROBATCHES, STEPS, LR = 16, 4, 4, 10, 0.05
+
+
+def layout(variant: str, recompute: str = "full") -> ParallelSpec:
+    tp, pp, sp, _ = VARIANTS[variant]
+    return ParallelSpec(tp=tp, pp=pp, micro_batch_size=MICRO_BATCH, num_microbatches=MICROBATCHES, seq_len=SEQ,
+                        nanobatches=2, recompute=recompute, sequence_parallel=sp)
+
+
+def random_plan(model: ModelSpec, parallel: ParallelSpec, seed: int, megatron_microbatches: tuple[int, ...] = (),
+                freq_mhz: int = 1410) -> Any:
+    """A plan of this layout with a random slot and SM count per partition and instruction (each slot,
+    ``sequential`` included, equally likely); the microbatches named run Megatron's layout."""
+    import kareus.partition  # noqa: F401  (registers the partitioners)
+    from kareus.partition.sequential import megatron_partitioning, megatron_slot
+    from kareus.plan.model import (SCHEMA_VERSION, ExecutionPlan, InstructionPlan, MadeFor, PartitionSetting,
+                                   StagePlan)
+    from kareus.registry import PARTITIONERS
+    from kareus.workload import build_workload
+
+    rng = random.Random(seed)
+    workload = build_workload(model, parallel)
+    ours = PARTITIONERS.build("nanobatch", config={}).partition(workload)
+    megatron = megatron_partitioning(workload)
+    stages = []
+    for s in range(parallel.pp):
+        entries = []
+        for d in ("fwd", "bwd"):
+            for mb in range(parallel.num_microbatches):
+                layout_ = megatron if mb in megatron_microbatches else ours
+                types = {t.key: t for t in layout_.types}
+                (work,) = [w for w in layout_.work if w.stage == s and w.direction.value == d]
+                parts = tuple(PartitionSetting(k, megatron_slot(types[k]) if layout_ is megatron
+                                               else rng.choice(types[k].slot_labels), rng.randint(1, 64), n)
+                              for k, n in work.partitions)
+                entries.append(InstructionPlan(s, d, (mb,), freq_mhz, 1e-3, 1e-3, parts))
+        stages.append(StagePlan(s, tuple(entries)))
+    return ExecutionPlan(SCHEMA_VERSION, "equivalence", "cpu", "random", "1f1b", 0, parallel.pp,
+                         parallel.num_microbatches, parallel.tp, 0.0, 1.0, 1.0, 1.0, tuple(stages),
+                         made_for=MadeFor.of(model, parallel))
+
+
+def _max_rel(a: Any, b: Any) -> float:
+    import torch
+
+    return float((a - b).abs().max() / b.abs().max().clamp_min(torch.finfo(b.dtype).tiny))
+
+
+def worker(variant: str, out: str, seed: int) -> None:
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    from kareus.profiler.frequency import UnlockedFrequencyConfig, UnlockedFrequencyController
+    from kareus.runtime import megatron_cpu as mc
+    from kareus.runtime.executor import PlanExecutor
+    from kareus.runtime.megatron import plan_hooks
+    from kareus.runtime.partitioned import PlanRuntime, layer_spec
+
+    tp, pp, sp, _ = VARIANTS[variant]
+    parallel = layout(variant)
+    mc.init_parallel(tp, pp)
+    stage = ps.get_pipeline_model_parallel_rank()
+    kw = dict(num_layers=MODEL.num_layers, hidden=MODEL.hidden_size, heads=MODEL.num_attention_heads,
+              kv_heads=MODEL.num_kv_heads, ffn=MODEL.ffn_hidden_size, vocab=MODEL.vocab_size, seq=SEQ,
+              sequence_parallel=sp)
+    reference = mc.tiny_gpt(get_gpt_layer_local_spec(normalization="RMSNorm"), **kw)
+    runtime = PlanRuntime(MODEL, parallel, stage=stage)
+    model = mc.tiny_gpt(layer_spec(runtime), **kw)
+    mc.copy_weights(reference, model)
+    runtime.check_model(model.config)
+    plan = random_plan(MODEL, parallel, seed, megatron_microbatches=(MICROBATCHES - 1,))
+    executor = PlanExecutor(plan, UnlockedFrequencyController(UnlockedFrequencyConfig()), stage)
+    runtime.bind(executor)
+    batches = mc.make_batches(STEPS * MICROBATCHES, MICRO_BATCH, SEQ, MODEL.vocab_size, seed=seed)
+
+    def train(m: Any) -> tuple[list[float], dict]:
+        with plan_hooks(executor, config=m.config):
+            return mc.run_steps(m, batches, STEPS, LR, MICROBATCHES, MICRO_BATCH, SEQ)
+
+    ref_losses, ref_grads = train(reference)
+    losses, grads = train(model)
+    grad_diff = max(_max_rel(grads[n], g) for n, g in ref_grads.items())
+    assert set(grads) == set(ref_grads), sorted(set(grads) ^ set(ref_grads))
+    loss_diff = max((abs(a - b) / abs(b) for a, b in zip(losses, ref_losses)), default=0.0)
+    stats = torch.tensor([grad_diff, loss_diff, runtime.counters.overlapped, runtime.counters.sequential],
+                         dtype=torch.float64)
+    dist.all_reduce(stats, op=dist.ReduceOp.MAX)  # the worst rank; every stage counts its own launches
+    last = torch.tensor(losses + [0.0] * (STEPS - len(losses)), dtype=torch.float64)
+    dist.all_reduce(last, op=dist.ReduceOp.SUM if pp > 1 else dist.ReduceOp.MAX)  # only the last stage has them
+    if dist.get_rank() == 0:
+        Path(out).write_text(json.dumps({
+            "variant": variant, "tp": tp, "pp": pp, "sequence_parallel": sp, "seed": seed, "steps": STEPS,
+            "max_rel_grad_diff": stats[0].item(), "max_rel_loss_diff": stats[1].item(),
+            "partitions_overlapped": int(stats[2].item()), "partitions_sequential": int(stats[3].item()),
+            "losses": [float(x) for x in (last / (tp if pp > 1 else 1)).tolist()]}) + "\n")
+    dist.barrier()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def launch(variant: str, seed: int = 0, timeout_s: float = 600.0) -> dict[str, Any]:
+    """Run one variant's worker under torchrun on this machine; its JSON result (raises on failure)."""
+    world = VARIANTS[variant][3]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}",
+               f"--master-port={_free_port()}", "--master-addr=127.0.0.1", "-m", "kareus.runtime.equivalence",
+               "--variant", variant, "--out", str(out), "--seed", str(seed)]
+        env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_DEVICE_MAX_CONNECTIONS="1")
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+        if done.returncode != 0 or not out.exists():
+            raise RuntimeError(f"equivalence worker {variant} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
+        return json.loads(out.read_text())
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--variant", choices=sorted(VARIANTS), required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    worker(args.variant, args.out, args.seed)
+
+
+if __name__ == "__main__":
+    main()
