@@ -23,16 +23,17 @@ from typing import Any
 
 from kareus.types import ModelSpec, ParallelSpec
 
-# variant -> (tp, pp, sequence parallel, world size)
-VARIANTS: dict[str, tuple[int, int, bool, int]] = {"tp2": (2, 1, False, 2), "tp2_sp": (2, 1, True, 2),
-                                                   "pp2_tp2": (2, 2, False, 4)}
+# variant -> (tp, pp, sequence parallel, recompute, world size)
+VARIANTS: dict[str, tuple[int, int, bool, str, int]] = {
+    "tp2": (2, 1, False, "full", 2), "tp2_sp": (2, 1, True, "full", 2), "pp2_tp2": (2, 2, False, "full", 4),
+    "tp2_no_recompute": (2, 1, False, "none", 2)}
 MODEL = ModelSpec("equivalence", num_layers=4, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4,
                   num_kv_heads=2, head_dim=16, vocab_size=128)
-SEQ, MICRO_BATCH, MICROBATCHES, STEPS, LR = 16, 4, 4, 10, 0.05
+SEQ, MICRO_BATCH, MICROBATCHES, STEPS, LR = 16, 4, 4, 10, 0.2
 
 
-def layout(variant: str, recompute: str = "full") -> ParallelSpec:
-    tp, pp, sp, _ = VARIANTS[variant]
+def layout(variant: str) -> ParallelSpec:
+    tp, pp, sp, recompute, _ = VARIANTS[variant]
     return ParallelSpec(tp=tp, pp=pp, micro_batch_size=MICRO_BATCH, num_microbatches=MICROBATCHES, seq_len=SEQ,
                         nanobatches=2, recompute=recompute, sequence_parallel=sp)
 
@@ -88,7 +89,7 @@ def worker(variant: str, out: str, seed: int) -> None:
     from kareus.runtime.megatron import plan_hooks
     from kareus.runtime.partitioned import PlanRuntime, layer_spec
 
-    tp, pp, sp, _ = VARIANTS[variant]
+    tp, pp, sp, recompute, _ = VARIANTS[variant]
     parallel = layout(variant)
     mc.init_parallel(tp, pp)
     stage = ps.get_pipeline_model_parallel_rank()
@@ -103,7 +104,7 @@ def worker(variant: str, out: str, seed: int) -> None:
     plan = random_plan(MODEL, parallel, seed, megatron_microbatches=(MICROBATCHES - 1,))
     executor = PlanExecutor(plan, UnlockedFrequencyController(UnlockedFrequencyConfig()), stage)
     runtime.bind(executor)
-    batches = mc.make_batches(STEPS * MICROBATCHES, MICRO_BATCH, SEQ, MODEL.vocab_size, seed=seed)
+    batches = mc.make_batches(MICROBATCHES, MICRO_BATCH, SEQ, MODEL.vocab_size, seed=seed)  # each step: the same data
 
     def train(m: Any) -> tuple[list[float], dict]:
         with plan_hooks(executor, config=m.config):
@@ -111,17 +112,22 @@ def worker(variant: str, out: str, seed: int) -> None:
 
     ref_losses, ref_grads = train(reference)
     losses, grads = train(model)
-    grad_diff = max(_max_rel(grads[n], g) for n, g in ref_grads.items())
     assert set(grads) == set(ref_grads), sorted(set(grads) ^ set(ref_grads))
+    diffs = {n: _max_rel(grads[n], g) for n, g in ref_grads.items()}
+    worst = max(diffs, key=diffs.get)
+    grad_diff = diffs[worst]
     loss_diff = max((abs(a - b) / abs(b) for a, b in zip(losses, ref_losses)), default=0.0)
     stats = torch.tensor([grad_diff, loss_diff, runtime.counters.overlapped, runtime.counters.sequential],
                          dtype=torch.float64)
     dist.all_reduce(stats, op=dist.ReduceOp.MAX)  # the worst rank; every stage counts its own launches
     last = torch.tensor(losses + [0.0] * (STEPS - len(losses)), dtype=torch.float64)
     dist.all_reduce(last, op=dist.ReduceOp.SUM if pp > 1 else dist.ReduceOp.MAX)  # only the last stage has them
+    names: list = [None] * dist.get_world_size()
+    dist.all_gather_object(names, (grad_diff, worst))
     if dist.get_rank() == 0:
-        Path(out).write_text(json.dumps({
-            "variant": variant, "tp": tp, "pp": pp, "sequence_parallel": sp, "seed": seed, "steps": STEPS,
+        Path(out).write_text(json.dumps({"worst_parameter": max(names)[1],
+            "variant": variant, "tp": tp, "pp": pp, "sequence_parallel": sp, "recompute": recompute, "seed": seed,
+            "steps": STEPS,
             "max_rel_grad_diff": stats[0].item(), "max_rel_loss_diff": stats[1].item(),
             "partitions_overlapped": int(stats[2].item()), "partitions_sequential": int(stats[3].item()),
             "losses": [float(x) for x in (last / (tp if pp > 1 else 1)).tolist()]}) + "\n")
@@ -136,7 +142,7 @@ def _free_port() -> int:
 
 def launch(variant: str, seed: int = 0, timeout_s: float = 600.0) -> dict[str, Any]:
     """Run one variant's worker under torchrun on this machine; its JSON result (raises on failure)."""
-    world = VARIANTS[variant][3]
+    world = VARIANTS[variant][4]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}",
