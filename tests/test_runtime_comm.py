@@ -50,10 +50,39 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         res["executions"] = r.executions
         res["reading_ok"] = r.ok
         res["time_s"] = r.time_s
+        res["layer"] = _layer_partition(rank)
         with open(f"{out_dir}/{rank}.json", "w") as f:
             json.dump(res, f)
     finally:
         dist.destroy_process_group()
+
+
+def _layer_partition(rank: int) -> dict:
+    """A real partition of a tp 2 layout on each rank's megatron-core layer, its all-reduce over the two
+    ranks: megatron's parallel state is made over the existing world, and only it is undone on close."""
+    import torch.distributed as dist
+
+    import kareus.partition  # noqa: F401  (registers the partitioners)
+    from kareus.registry import PARTITIONERS
+    from kareus.runtime import CudaBackend, CudaConfig
+    from kareus.runtime.backend import with_layout
+    from kareus.types import Candidate, ModelSpec, ParallelSpec
+    from kareus.workload import build_workload
+
+    model = ModelSpec("layer-bench", 4, 64, 128, 4, 2, 16, 128)
+    parallel = ParallelSpec(tp=2, pp=1, micro_batch_size=4, num_microbatches=2, seq_len=16)
+    p = PARTITIONERS.build("nanobatch", config={}).partition(build_workload(model, parallel)).type("fwd_attn")
+    hw = CudaBackend(with_layout(CudaConfig(device="cpu", comm="gloo", warmup=1, dtype="float32"), model, parallel),
+                     seed=rank)
+    try:
+        hw.run_partition(p, "attn_0", 8)
+        r = hw.measure(p, Candidate(p.key, "attn_0", 8, hw.gpu.max_mhz), 0.01 if rank == 0 else 0.03)
+        reduced = sorted(set(hw.comm_launch(p, 8).output.tolist()))
+        return {"kernels": len(hw.compute_kernels(p)), "ops": len(p.compute), "executions": r.executions,
+                "time_s": r.time_s, "reduced": reduced, "finite": bool(hw.layer_bench().output.isfinite().all())}
+    finally:
+        hw.close()
+        assert dist.is_initialized() and dist.get_world_size() == 2  # the test's own group stays
 
 
 def test_gloo_collectives_and_partition_in_two_processes(tmp_path):
@@ -71,6 +100,10 @@ def test_gloo_collectives_and_partition_in_two_processes(tmp_path):
         assert r["partition_gather"] == [1.0, 2.0]
         assert not r["reading_ok"] and r["time_s"] > 0
     assert r0["executions"] == r1["executions"] >= 1
+    for r in (r0, r1):  # the comm beside the megatron-core layer's chain: the same collectives on both ranks
+        lay = r["layer"]
+        assert lay["kernels"] == lay["ops"] == 6 and lay["time_s"] > 0 and lay["finite"]
+    assert r0["layer"]["executions"] == r1["layer"]["executions"] >= 1
 
 
 def test_nccl_options_carry_the_sm_count_as_ctas():

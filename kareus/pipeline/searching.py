@@ -70,8 +70,40 @@ def _recorded_ranges(cands: Sequence[Any]) -> str:
             f"(slots: {', '.join(sorted({c.slot for c in cands}))})")
 
 
+def _takes_layout(hardware: Any) -> bool:
+    """Whether a hardware config names the model and layout it measures (``cuda``: its partitions run
+    on the model's own megatron-core layer)."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(hardware)} if dataclasses.is_dataclass(hardware) else set(hardware)
+    return {"model", "parallel"} <= names
+
+
+def hardware_config(ctx: RunContext) -> Any:
+    """The typed hardware config a backend is built from, with the run's model and layout where it takes them."""
+    import dataclasses
+
+    from kareus.config.schema import ModelConfig, ParallelConfig
+    from kareus.registry import to_dataclass
+
+    hw = ctx.typed["hardware"]
+    if ctx.model is None or not _takes_layout(hw):
+        return hw
+    return dataclasses.replace(hw, model=to_dataclass(ModelConfig, ctx.cfg.model),
+                               parallel=to_dataclass(ParallelConfig, ctx.cfg.parallel))
+
+
+def hardware_section(ctx: RunContext) -> dict[str, Any]:
+    """The hardware section as plain data (a worker's backend is built from it), with the run's model and
+    layout where the backend takes them."""
+    hardware = ctx.section("hardware")
+    if ctx.model is not None and _takes_layout(hardware):
+        hardware["model"], hardware["parallel"] = ctx.section("model"), ctx.section("parallel")
+    return hardware
+
+
 def make_backend(ctx: RunContext) -> Any:
-    return HARDWARE.build(ctx.hardware_name, config=ctx.typed["hardware"], seed=int(ctx.cfg.seed))
+    return HARDWARE.build(ctx.hardware_name, config=hardware_config(ctx), seed=int(ctx.cfg.seed))
 
 
 @contextmanager
@@ -89,7 +121,7 @@ def opened_backend(ctx: RunContext) -> Iterator[Any]:
 
 def make_tasks(ctx: RunContext, partitions: Sequence[PartitionType],
                listener_factories: Callable[[PartitionType], list[Any]]) -> list[PartitionSearchTask]:
-    hardware, search, profiler = ctx.section("hardware"), ctx.section("search"), ctx.section("profiler")
+    hardware, search, profiler = hardware_section(ctx), ctx.section("search"), ctx.section("profiler")
     journal = str(ctx.journal_path)
     return [PartitionSearchTask(partition=p, hardware=hardware, search=search, profiler=profiler,
                                 seed=int(ctx.cfg.seed), journal_path=journal, config_hash=ctx.config_hash,

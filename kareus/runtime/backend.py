@@ -1,4 +1,12 @@
-"""The ``cuda`` hardware backend: real torch kernels at the partition's op shapes, timed and metered.
+"""The ``cuda`` hardware backend: a partition's ops on one real megatron-core layer, timed and metered.
+
+Profiling runs the code training runs: each op of a partition's compute chain is the partitioned
+executor's own op (:mod:`kareus.runtime.layer_ops`) on one megatron-core ``TransformerLayer`` of the
+model's per-GPU shard shapes, random weights and one nanobatch of random inputs
+(:mod:`kareus.runtime.layer_kernels`); the backend's config names the model and layout (``model``,
+``parallel``: the pipeline sets the run's). Residual work (embedding, output layer, loss, pipeline
+sends) and a backend that names no model run stand-in kernels at the ops' shapes
+(:mod:`kareus.runtime.kernels`).
 
 One execution of a partition at a candidate: the compute chain runs on the main stream; the comm op
 is issued on a side stream just before the slot's op (after the main stream's earlier work, as the
@@ -30,14 +38,15 @@ import socket
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
+from kareus.config.schema import ModelConfig, ParallelConfig
 from kareus.hardware.base import GPUSpec, LockedClock
 from kareus.hardware.spec import GPUConfig
 from kareus.registry import COMM_BACKENDS, HARDWARE
 from kareus.runtime.comm import init_process_group_from_env
 from kareus.runtime.telemetry import EnergyUnavailable, NoEnergy, NVMLDevice, cuda_uuid, energy_meter, nvml_index
-from kareus.types import SEQUENTIAL, Candidate, Op, PartitionType, Reading
+from kareus.types import SEQUENTIAL, Candidate, ModelSpec, Op, ParallelSpec, PartitionType, Reading
 
 
 @dataclass
@@ -51,8 +60,12 @@ class CudaConfig(GPUConfig):
     comm: str = "nccl"  # a COMM_BACKENDS name: nccl | gloo | copy
     energy: str = "nvml"  # nvml | zeus | none
     dtype: str = "bfloat16"
-    head_dim: int = 128  # head dim assumed when sizing attention kernels from FLOPs and bytes
-    scale: float = 1.0  # shrink every kernel dim by this factor (quick CPU checks); 1 = the op's shape
+    head_dim: int = 128  # head dim assumed when sizing stand-in attention kernels (residual ops) from FLOPs and bytes
+    scale: float = 1.0  # shrink every stand-in kernel dim by this factor (quick CPU checks); 1 = the op's shape
+    # The model and layout whose megatron-core layer partitions run on (set by the pipeline from the
+    # run's model and parallel sections; None: stand-in kernels at the ops' shapes, for runtime checks)
+    model: Optional[ModelConfig] = None
+    parallel: Optional[ParallelConfig] = None
     warmup: int = 2  # untimed executions before a window (allocation, autotuning, caches)
     idle_temperature_c: float = 0.0  # 0 = the temperature read when this process first opens the GPU (as found)
     cpu_threads: int = 1  # torch threads on device=cpu (0 = torch's default); 1 keeps timings steady
@@ -73,11 +86,34 @@ class CudaConfig(GPUConfig):
             out.append(f"hardware.warmup: must be >= 0, got {self.warmup}")
         if self.head_dim <= 0:
             out.append(f"hardware.head_dim: must be positive, got {self.head_dim}")
+        layout = self.layout()
+        if layout is not None:
+            from kareus.runtime.layer_kernels import bench_problems
+
+            out += bench_problems(*layout)
         return out
+
+    def layout(self) -> tuple[ModelSpec, ParallelSpec] | None:
+        """The model and layout partitions are measured on, or None when the config names none."""
+        if self.model is None or self.parallel is None:
+            return None
+        return self.model.spec(), self.parallel.spec()
 
     def real_clock(self) -> bool:
         """On a GPU a frequency controller must lock the clock; on the CPU there is none to lock."""
         return self.device == "cuda"
+
+
+def with_layout(cfg: CudaConfig, model: ModelSpec, parallel: ParallelSpec) -> CudaConfig:
+    """``cfg`` measuring partitions on ``model``'s layer in ``parallel`` (scripts and tests; the
+    pipeline gives a backend the run's own model and parallel sections)."""
+    from dataclasses import asdict
+
+    from kareus.registry import to_dataclass
+
+    layout = asdict(parallel)
+    layout["layer_split"] = list(parallel.layer_split) if parallel.layer_split else None
+    return replace(cfg, model=to_dataclass(ModelConfig, asdict(model)), parallel=to_dataclass(ParallelConfig, layout))
 
 
 def gpu_model(name: str) -> str:
@@ -184,6 +220,8 @@ class CudaBackend(LockedClock):
         self.gpu: GPUSpec = cfg.gpu_spec()
         self._torch = torch
         torch.manual_seed(seed)
+        self.seed = seed
+        self._benches: dict[ParallelSpec, Any] = {}  # megatron-core layers partitions run on, by layout, built once
         self.cuda = cfg.device == "cuda"
         index = self._select_device(cfg)
         # the device index keeps each GPU's thermal anchors apart when several share one journal
@@ -348,13 +386,41 @@ class CudaBackend(LockedClock):
 
     # -- kernels -----------------------------------------------------------------------------------
     def compute_kernels(self, partition: PartitionType) -> list[Callable[[], Any]]:
+        """One callable per op of the partition's chain (built once per partition): the partitioned
+        executor's ops on the model's megatron-core layer (``layer_bench``): one nanobatch's, or the
+        whole microbatch's for Megatron's layout (the reference); a partition of neither is refused
+        with one line. A config that names no model gets stand-in kernels at the ops' shapes instead
+        (scripts that check the runtime itself; the pipeline always gives the run's model)."""
         hit = self._compute.get(partition.key)
         if hit is None:
-            from kareus.runtime.kernels import build_chain
+            layout = self.cfg.layout()
+            if layout is None:
+                from kareus.runtime.kernels import build_chain
 
-            hit = build_chain(partition.compute, self.device, self.dtype, self.cfg.head_dim, self.cfg.scale)
+                hit = build_chain(partition.compute, self.device, self.dtype, self.cfg.head_dim, self.cfg.scale)
+            else:
+                from kareus.runtime.layer_kernels import layer_kernels, partition_layout
+
+                hit = layer_kernels(partition, self.layer_bench(partition_layout(partition, *layout)))
             self._compute[partition.key] = hit
         return hit
+
+    def layer_bench(self, parallel: ParallelSpec | None = None) -> Any:
+        """The megatron-core layer (a ``LayerBench``) of the config's model in ``parallel`` (default: the
+        config's layout), built once per layout."""
+        layout = self.cfg.layout()
+        if layout is None:
+            from kareus.errors import KareusError
+
+            raise KareusError("hardware.model: this cuda backend names no model and layout to build a layer of; "
+                              "set hardware.model and hardware.parallel (runtime.backend.with_layout)")
+        model, parallel = layout[0], parallel or layout[1]
+        bench = self._benches.get(parallel)
+        if bench is None:
+            from kareus.runtime.layer_kernels import LayerBench
+
+            bench = self._benches[parallel] = LayerBench(model, parallel, self.device, self.dtype, seed=self.seed)
+        return bench
 
     def comm_launch(self, partition: PartitionType, sms: int) -> Callable[[], Any]:
         return self._comm_call(partition.comm, sms, partition.key)
@@ -454,10 +520,27 @@ class CudaBackend(LockedClock):
         return None
 
     def partition_problems(self, partitions: Sequence[PartitionType]) -> list[str]:
-        """Partitions whose comm op this run's process group cannot measure, found before the first
-        candidate: the comm backend sizes collectives by the world, so a layout whose partitions
-        communicate over groups of different sizes (tensor and context parallel) would stop at the
-        first partition of the other group, after the GPU-time spent on the others."""
+        """Partitions this backend cannot measure, found before the first candidate: a layout the
+        megatron-core layer cannot stand in for (sequence or context parallel), a partition that is not
+        of the config's model and layout, or a comm op this run's process group cannot measure (the comm
+        backend sizes collectives by the world, so a layout whose partitions communicate over groups of
+        different sizes, tensor and context parallel, would stop at the first partition of the other
+        group, after the GPU-time spent on the others)."""
+        layout = self.cfg.layout()
+        if layout is not None:
+            from kareus.runtime.layer_kernels import LayerBenchError, bench_problems, partition_layout
+
+            problems = bench_problems(*layout)
+            if problems:  # every partition of the layout alike
+                return [f"partition {p.key}: {problems[0]}" for p in partitions]
+            wrong = []
+            for p in partitions:
+                try:
+                    partition_layout(p, *layout)
+                except LayerBenchError as e:
+                    wrong.append(str(e))
+            if wrong:
+                return wrong
         check = getattr(self.comm, "check_world", None)
         if not getattr(self.comm, "needs_process_group", False) or check is None:
             return []
@@ -620,6 +703,11 @@ class CudaBackend(LockedClock):
         process may build another backend; it is destroyed at exit)."""
         close = getattr(self.comm, "close", None)
         try:
+            benches = getattr(self, "_benches", {})
+            if benches:
+                self._compute.clear()
+            while benches:
+                benches.popitem()[1].close()
             if callable(close):
                 close()
         finally:

@@ -1,5 +1,10 @@
 """Real torch kernels standing in for workload ops at their shapes (torch imported lazily).
 
+The ``cuda`` backend measures partitions on the model's own megatron-core layer
+(:mod:`kareus.runtime.layer_kernels`); these stand-ins run the residual work that no layer op covers
+(embedding, output layer, loss: ``CudaBackend.residual_chain``) and the partitions of a backend whose
+config names no model (scripts that check the runtime itself, such as a GEMM chain beside a copy).
+
 A kernel is a zero-argument callable with its tensors allocated once, so a measurement window
 launches kernels only. GEMMs run ``torch.matmul`` in bf16, attention runs causal
 ``scaled_dot_product_attention`` (its backward through autograd for ``_bwd`` ops), memory-bound ops

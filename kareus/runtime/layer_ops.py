@@ -180,8 +180,11 @@ def _biases(*linears: str) -> Callable[[Any], list]:
     return params
 
 
-def op_table(activation: str, qk_layernorm: bool, sequence_parallel: bool) -> dict[str, Any]:
-    """Every op of one layer by the workload graph's name: ``Linear``, ``Local`` or ``Collective``."""
+def op_table(activation: str, qk_layernorm: bool, sequence_parallel: bool, tensor_parallel: bool = True) -> dict[str, Any]:
+    """Every op of one layer by the workload graph's name: ``Linear``, ``Local`` or ``Collective``.
+    Without tensor parallelism no collective ends a row-parallel GEMM nor reduces a column-parallel
+    one's input gradient: the residual adds read the GEMMs' outputs themselves."""
+    reduced = "_r" if tensor_parallel else ""
     rope_in = ("qn", "kn") if qk_layernorm else ("qkv",)
     qkv_in = "ln1_full" if sequence_parallel else "ln1"
     fc1_in = "ln2_full" if sequence_parallel else "ln2"
@@ -202,17 +205,17 @@ def op_table(activation: str, qk_layernorm: bool, sequence_parallel: bool) -> di
 
     table: dict[str, Any] = {
         "input_norm": Local(("x",), ("ln1",), _norm("input_layernorm"), _params("input_layernorm")),
-        "qkv": Linear("self_attention.linear_qkv", qkv_in, "qkv", True),
+        "qkv": Linear("self_attention.linear_qkv", qkv_in, "qkv", tensor_parallel),
         "rope": Local(rope_in, ("q", "k") if qk_layernorm else ("q", "k", "v"), rope, lambda layer: []),
         "attention": Local(("q", "k", "v"), ("ctx",), attention, _params("self_attention.core_attention")),
         "attn_proj": Linear("self_attention.linear_proj", "ctx", "proj", False),
-        "attn_bda": Local(("proj_r", "x"), ("h",), _bda("self_attn_bda", "self_attention.linear_proj"),
+        "attn_bda": Local((f"proj{reduced}", "x"), ("h",), _bda("self_attn_bda", "self_attention.linear_proj"),
                           _biases("self_attention.linear_proj")),
         "pre_mlp_norm": Local(("h",), ("ln2",), _norm("pre_mlp_layernorm"), _params("pre_mlp_layernorm")),
-        "fc1": Linear("mlp.linear_fc1", fc1_in, "fc1", True),
+        "fc1": Linear("mlp.linear_fc1", fc1_in, "fc1", tensor_parallel),
         activation: Local(("fc1",), ("act",), _activation, _biases("mlp.linear_fc1")),
         "fc2": Linear("mlp.linear_fc2", "act", "fc2", False),
-        "mlp_bda": Local(("fc2_r", "h"), ("out",), _bda("mlp_bda", "mlp.linear_fc2"), _biases("mlp.linear_fc2")),
+        "mlp_bda": Local((f"fc2{reduced}", "h"), ("out",), _bda("mlp_bda", "mlp.linear_fc2"), _biases("mlp.linear_fc2")),
     }
     if qk_layernorm:
         table["qk_norm"] = Local(("qkv",), ("qn", "kn", "v"), _qk_norm,
@@ -261,8 +264,12 @@ def run_local(op: Local, layer: Any, call: Call, env: Env, index: int, records: 
         env[(index, name)] = t.detach()
 
 
-def backward_local(op: Local, layer: Any, grads: Env, index: int, records: dict, param_grads: Grads) -> None:
-    """Backward of a non-GEMM op through its recorded graph: input gradients and parameter gradients."""
+def backward_local(op: Local, layer: Any, grads: Env, index: int, records: dict, param_grads: Grads,
+                   retain_graph: bool = False) -> None:
+    """Backward of a non-GEMM op through its recorded graph: input gradients and parameter gradients.
+
+    ``retain_graph`` keeps the recorded graph's saved tensors, so the same record can be run backward
+    again (profiling repeats one op on a prepared record; training frees it)."""
     import torch
 
     ins, outs = records.pop((index, op.outs))
@@ -272,7 +279,8 @@ def backward_local(op: Local, layer: Any, grads: Env, index: int, records: dict,
         return
     params = [p for p in op.params(layer) if p.requires_grad]
     wanted = [t for t in ins if t.requires_grad] + params
-    got = torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True)
+    got = torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True,
+                              retain_graph=retain_graph)
     k = 0
     for name, t in zip(op.ins, ins):
         if t.requires_grad:
