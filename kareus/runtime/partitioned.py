@@ -17,6 +17,13 @@ issued at its slot). Under ``recompute: full`` the forward keeps only the block'
 backward reruns the forward program first, at the backward instruction's settings for the forward
 partitions, as the workload graph models it.
 
+``PlanRuntime(..., stand_in_tp=True)`` runs a tp layout's block program on one device: the megatron-core
+model is built at tensor-parallel size 1 with one tp rank's shard of each layer (heads, query groups and
+FFN width divided by ``parallel.tp``), and each collective is a copy of its bytes on the side stream that
+leaves the values as a one-rank collective would (:class:`kareus.runtime.standin.StandInIssuer`): the
+partitions' kernels, shapes and launch slots are the layout's, the tensor-parallel sums are not (a
+single-GPU check of the executor and its overlap, not of the layout's numbers).
+
 Instructions that run Megatron's layout (``train.plan=megatron``, or a plan's ``megatron:``
 instructions), evaluation (no grad) and a runtime with no plan bound run each layer's own
 megatron-core forward unchanged.
@@ -63,7 +70,7 @@ class PlanRuntime:
     layout, the plan executor whose current instruction says how to run, and the communicators."""
 
     def __init__(self, model: ModelSpec, parallel: ParallelSpec, stage: int = 0, merge_boundary: bool = True,
-                 comm: "CommIssuer | None" = None) -> None:
+                 comm: "CommIssuer | None" = None, stand_in_tp: bool = False) -> None:
         import kareus.partition  # noqa: F401  (registers the partitioners)
         from kareus.partition.segments import piece_keys
         from kareus.registry import PARTITIONERS
@@ -83,13 +90,15 @@ class PlanRuntime:
         st = self.workload.stages[stage]
         self.layer_ops = {d: tuple(o.name for o in st.layer_ops(d)) for d in Direction}
         self.block_ops = {d: st.block_ops(d) for d in Direction}
-        self.table = op_table(model.activation, model.qk_layernorm, parallel.sequence_parallel and parallel.tp > 1)
+        self.table = op_table(model.activation, model.qk_layernorm, parallel.sequence_parallel and parallel.tp > 1,
+                              parallel.tp > 1)
         missing = sorted({n for names in self.layer_ops.values() for n in names} - _known_ops(self.table))
         if missing:
             raise PlanLayoutError(f"the partitioned executor has no implementation of op(s) {', '.join(missing)}")
         self.layers: list[Any] = []
         self.executor: Any = None
         self.comm = comm
+        self.stand_in_tp = stand_in_tp  # one device holds one tp rank's shard; collectives are stand-in copies
         self.counters = Counters()
         self._programs: dict[tuple, Program] = {}
         self._block_out: Any = None
@@ -101,6 +110,17 @@ class PlanRuntime:
         check_plan(executor.plan, self.model, self.parallel, set(self.types), executor.stage, self.stage)
         self.executor = executor
         self._programs.clear()
+        if self.comm is None and _distributed() and not self.stand_in_tp:  # the stand-in is built at the block
+            self.comm = CommIssuer.for_device(_device(), plan_sms(executor.plan))
+
+    def comm_summary(self, sms: Sequence[int]) -> str:
+        """One line for the log: how the comm SM counts ``sms`` (a plan's) are applied."""
+        groups = getattr(self.comm, "sms_groups", ())
+        if groups:
+            return f"{len(groups)} comm SM counts, one NCCL communicator of the TP group each: {list(groups)}"
+        if not sms:
+            return "no comm SM counts to apply (Megatron's layout runs at the library's default)"
+        return f"{len(sms)} comm SM counts {list(sms)} not applied: the process group is not NCCL"
 
     def register(self, layer: Any) -> None:
         if any(existing.layer_number == layer.layer_number for existing in self.layers):
@@ -112,7 +132,7 @@ class PlanRuntime:
     def check_model(self, config: Any) -> None:
         """Refuse, with one line, a megatron-core config this runtime's layout or executor cannot run."""
         problems = config_problems(config, self.model, self.parallel, len(self.layers) or None,
-                                   self.workload.stages[self.stage].layers)
+                                   self.workload.stages[self.stage].layers, self.stand_in_tp)
         if problems:
             raise PlanLayoutError(problems[0])
 
@@ -135,7 +155,12 @@ class PlanRuntime:
 
     def run_block(self, hidden: Any, rotary: Any, mask: Any) -> Any:
         if self.comm is None:
-            self.comm = CommIssuer.for_device(hidden.device)
+            if self.stand_in_tp:
+                from kareus.runtime.standin import StandInIssuer
+
+                self.comm = StandInIssuer(hidden.device)
+            else:
+                self.comm = CommIssuer.for_device(hidden.device)
         calls = _nanobatch_calls(rotary, mask, hidden.shape[1], self.parallel.nanobatches)
         params = [p for layer in self.layers for p in layer.parameters()]
         out = BlockFunction.apply(self, calls, hidden, *params)
@@ -239,6 +264,26 @@ class PlanRuntime:
             backward_local(op, layer, grads[nb], index, state.records[nb], param_grads)
 
 
+def plan_sms(plan: Any) -> list[int]:
+    """The comm SM counts a plan's partitions use (Megatron's layout runs at the library's default)."""
+    from kareus.partition.sequential import MEGATRON_PREFIX
+
+    return sorted({int(s.sms) for st in plan.stages for ins in st.instructions for s in ins.partitions
+                   if not s.partition.startswith(MEGATRON_PREFIX)})
+
+
+def _distributed() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def _device() -> Any:
+    import torch
+
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
 def _known_ops(table: dict) -> set[str]:
     names = set(table)
     for name, op in table.items():
@@ -310,12 +355,35 @@ class CommIssuer:
         self.side = torch.cuda.Stream(device) if self.cuda else None
 
     @classmethod
-    def for_device(cls, device: Any) -> "CommIssuer":
-        """Megatron's tensor-parallel group for every SM count (gloo: SMs do not apply)."""
+    def for_device(cls, device: Any, sms_values: Sequence[int] = (), nccl: Any = None) -> "CommIssuer":
+        """Megatron's tensor-parallel group; on NCCL, one communicator of the TP group per SM count in
+        ``sms_values`` (CTAs fixed per communicator, ``kareus.runtime.comm.nccl_options``), created now on
+        every rank alike (group creation is collective over the world). Gloo: SMs do not apply."""
+        import torch.distributed as dist
         from megatron.core import parallel_state
 
         group = parallel_state.get_tensor_model_parallel_group()
-        return cls(lambda sms: group, device)
+        if not sms_values or dist.get_backend(group) != "nccl":
+            issuer = cls(lambda sms: group, device)
+            issuer.sms_groups = ()
+            return issuer
+        from kareus.runtime.comm import NO_NCCL_CONFIG, CommSetupError, NCCLConfig, nccl_options
+
+        mine = tuple(dist.get_process_group_ranks(group))
+        every: list = [None] * dist.get_world_size()
+        dist.all_gather_object(every, mine)
+        groups: dict[int, Any] = {}
+        for sms in sorted(set(int(s) for s in sms_values)):
+            opts = nccl_options(sms, nccl or NCCLConfig())
+            if opts is None:
+                raise CommSetupError(NO_NCCL_CONFIG)
+            for ranks in sorted(set(every)):
+                g = dist.new_group(list(ranks), backend="nccl", pg_options=opts)
+                if ranks == mine:
+                    groups[sms] = g
+        issuer = cls(lambda sms: group if sms is None else groups[int(sms)], device)
+        issuer.sms_groups = tuple(sorted(groups))
+        return issuer
 
     def launch(self, kind: str, tensor: Any, sms: int | None) -> Any:
         import torch
@@ -412,15 +480,37 @@ def check_plan(plan: Any, model: ModelSpec, parallel: ParallelSpec, keys: set[st
                                       f"not have; it has: {', '.join(sorted(keys))}")
 
 
+def check_plan_layout(plan: Any, model: ModelSpec, parallel: ParallelSpec) -> None:
+    """``check_plan`` for every pipeline stage, before anything is built (no torch needed)."""
+    problems = layout_problems(parallel)
+    if problems:
+        raise PlanLayoutError(problems[0])
+    keys = set(PlanRuntime(model, parallel).types)
+    for stage in range(plan.num_stages if plan.made_for is not None else 1):
+        check_plan(plan, model, parallel, keys, stage, stage)
+
+
 def config_problems(config: Any, model: ModelSpec, parallel: ParallelSpec, built_layers: int | None,
-                    stage_layers: int) -> list[str]:
-    """A megatron-core TransformerConfig the runtime's model and layout do not describe, one line each."""
+                    stage_layers: int, stand_in_tp: bool = False) -> list[str]:
+    """A megatron-core TransformerConfig the runtime's model and layout do not describe, one line each.
+
+    ``stand_in_tp``: the config is a single device's model holding one tp rank's shard of the stage's
+    layers (tensor- and pipeline-parallel size 1; heads, query groups and FFN width divided by tp)."""
     want = {"num_layers": model.num_layers, "hidden_size": model.hidden_size,
             "ffn_hidden_size": model.ffn_hidden_size, "num_attention_heads": model.num_attention_heads,
             "num_query_groups": model.num_kv_heads, "kv_channels": model.head_dim,
             "tensor_model_parallel_size": parallel.tp, "pipeline_model_parallel_size": parallel.pp,
             "context_parallel_size": parallel.cp,
             "sequence_parallel": bool(parallel.sequence_parallel and parallel.tp > 1)}
+    if stand_in_tp:
+        tp = parallel.tp
+        for key, total in (("ffn_hidden_size", model.ffn_hidden_size),
+                           ("num_attention_heads", model.num_attention_heads), ("num_query_groups", model.num_kv_heads)):
+            if total % tp:
+                return [f"{key}: {total} does not split over tp={tp}, so no device holds one tp rank's shard"]
+            want[key] = total // tp
+        want.update(num_layers=stage_layers, tensor_model_parallel_size=1, pipeline_model_parallel_size=1,
+                    sequence_parallel=False)
     out = [f"{k}: the runtime's layout says {v!r}, the megatron-core config {getattr(config, k, None)!r}"
            for k, v in want.items() if getattr(config, k, None) != v]
     if getattr(config, "recompute_granularity", None) is not None:
@@ -483,5 +573,5 @@ def layer_spec(runtime: PlanRuntime) -> Any:
     return ModuleSpec(module=layer_class(), params={"runtime": runtime}, submodules=base.submodules)
 
 
-__all__ = ["BlockFunction", "CommIssuer", "Counters", "PlanLayoutError", "PlanRuntime", "check_plan",
+__all__ = ["BlockFunction", "CommIssuer", "Counters", "PlanLayoutError", "PlanRuntime", "check_plan", "check_plan_layout",
            "config_problems", "layer_class", "layer_spec", "layout_problems"]
