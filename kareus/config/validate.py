@@ -310,7 +310,7 @@ def validate(cfg: Any) -> dict[str, Any]:
         model = None  # its missing keys are reported above; rules over it would only repeat them
     # a replayed table's own partitions are searched (and described) without a model
     model_free = ("hardware" in typed and getattr(typed["hardware"], "name", "") == "replay"
-                  and mode in ("search", "describe"))
+                  and mode in ("search", "describe")) or mode == "reset"  # reset: clocks only, no workload
     if cfg.get("model") is None and not model_free:
         problems.append("model: no model selected")
     layout = validate_model_parallel(model, cfg.parallel, gpu.gpus_per_node if gpu else 8)

@@ -195,7 +195,9 @@ class DeviceLockController(FrequencyController):
     """What the controllers of real GPUs share: lock every device they hold, after checking the
     clock against the GPU's range; reset the devices they locked, and only those; SIGTERM and SIGHUP unwind
     while a lock is held. A refusal that every candidate would meet alike (no admin rights, no
-    locked-clock support) stops the search with one line instead of failing candidate after candidate."""
+    locked-clock support) stops the search with one line instead of failing candidate after candidate.
+    Every lock and reset is recorded in the node's state file (:mod:`kareus.runtime.clock_state`), so
+    ``python -m kareus mode=reset`` can give back what a killed process left locked."""
 
     locks_gpu = True
     name = ""
@@ -206,6 +208,33 @@ class DeviceLockController(FrequencyController):
         self._devices = devices
         self._held: list[int] = []  # positions in ``_devices`` this controller locked: what reset gives back
         self._guard = SignalGuard()
+        self._ids: dict[int, tuple[str, int] | None] = {}  # position -> (UUID, NVML index), for the node's record
+
+    def _identity(self, device: Any) -> tuple[str, int] | None:
+        """(UUID, NVML index) of a device, for the node's record of locked clocks; None where unknown."""
+        return None
+
+    def _note(self, i: int, mhz: int | None) -> None:
+        """Record device ``i`` as locked at ``mhz`` (None: reset) in the node's state file, so that
+        ``python -m kareus mode=reset`` finds what a killed process left locked. Never raises: the lock
+        or reset stands whether or not the record could be kept."""
+        if i not in self._ids:
+            try:
+                self._ids[i] = self._identity(self._devices[i])
+            except Exception:  # a device that does not say (no UUID): nothing to key a record by
+                self._ids[i] = None
+        ident = self._ids[i]
+        if ident is None:
+            return
+        try:
+            from kareus.runtime import clock_state
+
+            if mhz is None:
+                clock_state.record_reset(ident[0])
+            else:
+                clock_state.record_locked(ident[0], ident[1], mhz)
+        except Exception as e:
+            _warn_unrecorded(e)
 
     def _lock_device(self, device: Any, mhz: int) -> None:
         raise NotImplementedError
@@ -236,6 +265,7 @@ class DeviceLockController(FrequencyController):
                 raise KareusError(f"profiler.frequency={self.name}: {why} ({type(e).__name__}: {e}); run "
                                   f"as a user who may lock clocks, or search slots and SMs at the GPU's "
                                   f"own clock with profiler/frequency=unlocked +experiment=no_clock_search") from None
+            self._note(i, int(mhz))
         self.locked = int(mhz)
         if self.backend is not None:
             self.backend.set_clock(int(mhz))  # bookkeeping only: the backend records the locked clock
@@ -245,6 +275,7 @@ class DeviceLockController(FrequencyController):
         for i in self._held:  # every GPU it locked, even if one fails or a second Ctrl-C lands meanwhile
             try:
                 self._unlock_device(self._devices[i])
+                self._note(i, None)
             except BaseException as e:  # noqa: BLE001 - re-raised below, once every device is unlocked
                 errors.append(e)
         self._held = []
@@ -260,6 +291,28 @@ class DeviceLockController(FrequencyController):
 
     def close(self) -> None:
         self._guard.restore()
+
+
+_unrecorded_warned = False
+
+
+def _warn_unrecorded(err: Exception) -> None:
+    """Log, once per process, that the node's record of locked clocks could not be kept."""
+    global _unrecorded_warned
+    if _unrecorded_warned:
+        return
+    _unrecorded_warned = True
+    import logging
+
+    logging.getLogger(__name__).warning("could not record the locked GPU clocks for `python -m kareus mode=reset` "
+                                        "(%s: %s); the clocks are locked and reset all the same",
+                                        type(err).__name__, err)
+
+
+def _nvml_identity(nvml: Any, handle: Any) -> tuple[str, int]:
+    """(UUID, NVML index) of an NVML handle."""
+    uuid = nvml.nvmlDeviceGetUUID(handle)
+    return (uuid.decode() if isinstance(uuid, bytes) else str(uuid)), int(nvml.nvmlDeviceGetIndex(handle))
 
 
 def _measured_nvml_index(backend: HardwareBackend | None) -> int:
@@ -310,6 +363,9 @@ class NVMLFrequencyController(DeviceLockController):
     def _unlock_device(self, device: Any) -> None:
         self._nvml.nvmlDeviceResetGpuLockedClocks(device)
 
+    def _identity(self, device: Any) -> tuple[str, int] | None:
+        return _nvml_identity(self._nvml, device)
+
     def close(self) -> None:
         super().close()
         if self._open:
@@ -357,3 +413,14 @@ class ZeusFrequencyController(DeviceLockController):
 
     def _unlock_device(self, device: Any) -> None:
         self._call("reset_gpu_locked_clocks", device)
+
+    def _identity(self, device: Any) -> tuple[str, int] | None:
+        """By the NVML handle Zeus keeps for the GPU; None where it keeps none (the zeusd daemon's
+        older collection API)."""
+        members = getattr(self._gpus, "gpus", None)
+        handle = getattr(members[device], "handle", None) if members is not None else None
+        if handle is None:
+            return None
+        import pynvml  # Zeus's NVIDIA GPUs initialised NVML
+
+        return _nvml_identity(pynvml, handle)
