@@ -265,7 +265,7 @@ def _checked(cfg: DictConfig) -> tuple[dict[str, Any] | None, list[str]]:
     if layout:
         return None, layout
     tracking = typed["tracking"]
-    if tracking.enabled and str(getattr(cfg.mode, "value", cfg.mode)) != "describe":
+    if tracking.enabled and str(getattr(cfg.mode, "value", cfg.mode)) not in ("describe", "reset"):
         problem = reachability_problem(tracking.uri)
         if problem:
             return None, [f"tracking.uri: {problem}"]
@@ -291,14 +291,18 @@ def app(cfg: DictConfig) -> Any:
     from kareus.errors import JobRefused, KareusError, OutputClosed, RefusedWithOutputs, machine_failure
     from kareus.pipeline import run_mode
 
-    describe = str(getattr(cfg.mode, "value", cfg.mode)) == "describe"
+    # describe measures nothing and reset only gives back GPU clocks: neither writes to its run folder
+    describe = str(getattr(cfg.mode, "value", cfg.mode)) in ("describe", "reset")
     job = _sweep_job()
     try:
         if job is not None:  # a sweep's results on stdout name their job (Hydra's launch lines go to stderr)
             _print_result_line(f"== {job} ==")
         out = run_mode(cfg, typed, run_dir, _kept_config())
-        if describe:  # it measured and wrote nothing: no empty run folder left behind, nor a folder's
-            _remove_job_dir(run_dir)  # config rewritten beside the results of the run it holds
+        # describe measured and wrote nothing, and a training rank but the first writes nothing either (rank
+        # 0's folder holds the run): no empty run folder left behind, nor a folder's config rewritten
+        # beside the results of the run it holds
+        if describe or (isinstance(out, dict) and out.get("mode") == "train" and out.get("rank", 0) != 0):
+            _remove_job_dir(run_dir)
             _restore_kept()
         return out
     except OutputClosed:  # the reader left (``| head``): stop as a shell tool does, quietly

@@ -45,11 +45,11 @@ def test_a_micro_batch_that_does_not_split_is_refused():
 def test_a_plan_for_another_layout_or_model_is_refused_naming_the_key():
     rt = _runtime()
     plan = random_plan(MODEL, dataclasses.replace(layout("tp2"), seq_len=32), seed=0)
-    with pytest.raises(PlanLayoutError, match=r"made for another model or layout: seq_len: plan 32 != 16"):
+    with pytest.raises(PlanLayoutError, match=r"made for another model or layout: parallel.seq_len: plan 32 != 16"):
         check_plan(plan, rt.model, rt.parallel, set(rt.types), 0, 0)
     other = dataclasses.replace(MODEL, name="other", hidden_size=128)
     plan = dataclasses.replace(random_plan(MODEL, layout("tp2"), 0), made_for=MadeFor.of(other, layout("tp2")))
-    with pytest.raises(PlanLayoutError, match=r"model: plan 'other' != 'equivalence'"):
+    with pytest.raises(PlanLayoutError, match=r"model.name: plan 'other' != 'equivalence'"):
         check_plan(plan, rt.model, rt.parallel, set(rt.types), 0, 0)
     with pytest.raises(PlanLayoutError, match=r"names no model or layout \(made_for"):
         check_plan(dataclasses.replace(plan, made_for=None), rt.model, rt.parallel, set(rt.types), 0, 0)

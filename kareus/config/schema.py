@@ -18,6 +18,8 @@ class Mode(str, Enum):
     run = "run"  # search, compose, plan: the whole pipeline
     describe = "describe"  # print stages, ops, partitions and search-space sizes; measure nothing
     search = "search"  # partition searches only
+    train = "train"  # real megatron-core training with a plan applied, measured (under torchrun)
+    reset = "reset"  # give back the GPU clocks that Kareus processes locked on this node
 
 
 class Recompute(str, Enum):
@@ -88,6 +90,27 @@ class ParallelConfig:
 
 
 @dataclass
+class TrainConfig:
+    """``mode=train``: which plan to run and how long; ``compare`` alternates it with Megatron's layout."""
+
+    plan: Optional[str] = None  # a plan file, a run directory (its plan_selected.yaml), or megatron
+    iterations: int = 10  # measured iterations (per layout with compare), after the warm-up
+    warmup: int = 2  # iterations run first and left out of every number
+    compare: bool = False  # the plan and Megatron's layout in alternating blocks (A B A B ...)
+    blocks: int = 4  # blocks per layout with compare; iterations are spread over them
+    lr: float = 1.0e-4  # the optimizer's (AdamW) learning rate
+    device: str = "auto"  # auto (cuda where torch sees a GPU) | cuda | cpu
+    data_seed: int = 1234  # megatron-core's mock GPT dataset
+
+
+@dataclass
+class ResetConfig:
+    """``mode=reset``: the GPUs whose clocks a Kareus process locked (its state file), or all of them."""
+
+    all: bool = False
+
+
+@dataclass
 class KareusConfig:
     """The whole run. ``model`` is deliberately not defaulted: every run names its model."""
 
@@ -105,3 +128,5 @@ class KareusConfig:
     launcher: Any = MISSING
     plan: Any = MISSING
     tracking: Any = MISSING
+    train: TrainConfig = field(default_factory=TrainConfig)
+    reset: ResetConfig = field(default_factory=ResetConfig)

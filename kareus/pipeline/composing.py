@@ -167,7 +167,8 @@ def compose(ctx: RunContext, results: Sequence[SearchResult], fixed: FixedWork) 
         # Megatron's own layout is one more way to run an instruction: where splitting the microbatch
         # costs more than overlap saves (host-bound work), the plans keep it and never trail Megatron
         # (nor, at its other clocks, Perseus)
-        options.setdefault(key, []).extend(perseus_options[key])
+        if ctx.typed["plan"].megatron_layout:
+            options.setdefault(key, []).extend(perseus_options[key])
     p = ctx.parallel
     dag = pipeline_dag(p.schedule, p.pp, p.num_microbatches)
     gpus_per_stage = p.tp * p.cp * p.dp
@@ -189,11 +190,12 @@ def compose(ctx: RunContext, results: Sequence[SearchResult], fixed: FixedWork) 
     budget = ctx.typed["plan"].energy_budget_j  # an energy budget gets a bisection of its own
     frontier = composer.compose(dag, options, P, gpus_per_stage, p.pp, deadlines=asked,
                                 energy_budgets=[budget] if budget is not None else [], clock_switch_s=switch_s)
-    if perseus is not None:
-        # Perseus' plans are Kareus plans too: its points join the frontier, their choices index its options
-        perseus = perseus.in_options_of(frontier.model)
-        frontier = frontier.joined(perseus)
-    # so is Megatron's reference: a composer is a heuristic and may miss it and every plan that beats
-    # it; Perseus' sweep holds it, but that is optional (plan.compare_perseus)
-    frontier = frontier.joined(reference)
+    if ctx.typed["plan"].megatron_layout:
+        if perseus is not None:
+            # Perseus' plans are Kareus plans too: its points join the frontier, their choices index its options
+            perseus = perseus.in_options_of(frontier.model)
+            frontier = frontier.joined(perseus)
+        # so is Megatron's reference: a composer is a heuristic and may miss it and every plan that beats
+        # it; Perseus' sweep holds it, but that is optional (plan.compare_perseus)
+        frontier = frontier.joined(reference)
     return Composition(options, ref_options, frontier, dag, ref_point, fixed.residual_measurements, perseus)

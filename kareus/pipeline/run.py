@@ -33,6 +33,10 @@ def run_mode(cfg: DictConfig, typed: dict[str, Any], run_dir: Path,
              previous_config: bytes | None = None) -> dict[str, Any]:
     """Run the configured mode; return a small summary (also what tests read). ``previous_config``: the
     saved config of a run that ``run_dir`` already held, before Hydra rewrote it."""
+    if str(getattr(cfg.mode, "value", cfg.mode)) == "reset":  # this node's GPU clocks: no workload, no console
+        from kareus.runtime.clock_state import reset_locked_clocks
+
+        return reset_locked_clocks(all_gpus=bool(cfg.reset.all))
     from kareus.tracking.progress import live_terminal
 
     # a plain line is never broken (a run directory is copied into resume=); tables fit the width
@@ -43,6 +47,10 @@ def run_mode(cfg: DictConfig, typed: dict[str, Any], run_dir: Path,
     mode = str(getattr(cfg.mode, "value", cfg.mode))
     if mode == "describe":
         return _describe(ctx, console)
+    if mode == "train":
+        from kareus.train.run import run_train
+
+        return run_train(cfg, typed, run_dir, ctx.model, ctx.parallel, console)
     return _search_and_plan(ctx, console, compose=(mode == "run"))
 
 
@@ -94,6 +102,8 @@ def _search_and_plan_on(ctx: RunContext, console: Console, compose: bool, backen
                       choices=hctx.get("choices"), overrides=hctx.get("overrides", ()), hardware=ctx.hardware_label,
                       run_name=hctx.get("run_name"), tags={"config_hash": ctx.config_hash, "run_dir": str(ctx.run_dir)},
                       simulated=ctx.simulated)
+        if tracker.run_id:  # mode=train tags its runs with the invocation that made the plan
+            summary["mlflow_run_id"] = tracker.run_id
         tasks = make_tasks(ctx, partitions, lambda p: [tracker.partition_listener_factory(p.key, p.slot_labels)])
         progress = make_progress(ctx.numbers_kind, bool(ctx.cfg.progress), console=console)
         try:

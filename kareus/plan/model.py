@@ -19,41 +19,21 @@ class MadeFor:
     """The model and layout a plan was composed for: an executor refuses to run it on any other (its
     partition keys, counts and predicted times are that layout's)."""
 
-    model: str
-    num_layers: int
-    hidden_size: int
-    ffn_hidden_size: int
-    num_attention_heads: int
-    num_kv_heads: int
-    head_dim: int
-    vocab_size: int
-    qk_layernorm: bool
-    norm: str
-    activation: str
-    tp: int
-    pp: int
-    cp: int
-    micro_batch_size: int
-    num_microbatches: int
-    seq_len: int
-    nanobatches: int
-    sequence_parallel: bool
-    recompute: str
+    model: ModelSpec
+    parallel: ParallelSpec
 
     @classmethod
     def of(cls, model: ModelSpec, parallel: ParallelSpec) -> "MadeFor":
-        return cls(model.name, model.num_layers, model.hidden_size, model.ffn_hidden_size, model.num_attention_heads,
-                   model.num_kv_heads, model.head_dim, model.vocab_size, bool(model.qk_layernorm), model.norm,
-                   model.activation, parallel.tp, parallel.pp, parallel.cp, parallel.micro_batch_size,
-                   parallel.num_microbatches, parallel.seq_len, parallel.nanobatches,
-                   bool(parallel.sequence_parallel), parallel.recompute)
+        return cls(model, parallel)
 
     def differences(self, other: "MadeFor") -> list[str]:
-        """``key: plan's value != other's`` for every field that differs."""
+        """``section.key: plan's value != other's`` for every field that differs."""
         import dataclasses
 
-        return [f"{f.name}: plan {getattr(self, f.name)!r} != {getattr(other, f.name)!r}"
-                for f in dataclasses.fields(self) if getattr(self, f.name) != getattr(other, f.name)]
+        return [f"{section}.{f.name}: plan {getattr(mine, f.name)!r} != {getattr(theirs, f.name)!r}"
+                for section, mine, theirs in (("model", self.model, other.model),
+                                              ("parallel", self.parallel, other.parallel))
+                for f in dataclasses.fields(mine) if getattr(mine, f.name) != getattr(theirs, f.name)]
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,10 @@ class PlanConfig:
     # plan is compared with at equal time, and one more option of every instruction (no plan trails
     # it); false: Megatron's layout at the top clock alone (the reference point; fewer profiles)
     compare_perseus: bool = True
+    # Megatron's own layout is one more option of every instruction (where splitting a microbatch costs
+    # more than overlap saves, plans keep it); false: every instruction runs Kareus' partitions (an
+    # ablation, and plans whose overlap mode=train executes and measures)
+    megatron_layout: bool = True
 
     def problems(self, ctx: Any = None) -> list[str]:
         out = []

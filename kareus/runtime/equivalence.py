@@ -42,33 +42,11 @@ def random_plan(model: ModelSpec, parallel: ParallelSpec, seed: int, megatron_mi
                 freq_mhz: int = 1410) -> Any:
     """A plan of this layout with a random slot and SM count per partition and instruction (each slot,
     ``sequential`` included, equally likely); the microbatches named run Megatron's layout."""
-    import kareus.partition  # noqa: F401  (registers the partitioners)
-    from kareus.partition.sequential import megatron_partitioning, megatron_slot
-    from kareus.plan.model import (SCHEMA_VERSION, ExecutionPlan, InstructionPlan, MadeFor, PartitionSetting,
-                                   StagePlan)
-    from kareus.registry import PARTITIONERS
-    from kareus.workload import build_workload
+    from kareus.plan.fixed import layout_plan
 
     rng = random.Random(seed)
-    workload = build_workload(model, parallel)
-    ours = PARTITIONERS.build("nanobatch", config={}).partition(workload)
-    megatron = megatron_partitioning(workload)
-    stages = []
-    for s in range(parallel.pp):
-        entries = []
-        for d in ("fwd", "bwd"):
-            for mb in range(parallel.num_microbatches):
-                layout_ = megatron if mb in megatron_microbatches else ours
-                types = {t.key: t for t in layout_.types}
-                (work,) = [w for w in layout_.work if w.stage == s and w.direction.value == d]
-                parts = tuple(PartitionSetting(k, megatron_slot(types[k]) if layout_ is megatron
-                                               else rng.choice(types[k].slot_labels), rng.randint(1, 64), n)
-                              for k, n in work.partitions)
-                entries.append(InstructionPlan(s, d, (mb,), freq_mhz, 1e-3, 1e-3, parts))
-        stages.append(StagePlan(s, tuple(entries)))
-    return ExecutionPlan(SCHEMA_VERSION, "equivalence", "cpu", "random", "1f1b", 0, parallel.pp,
-                         parallel.num_microbatches, parallel.tp, 0.0, 1.0, 1.0, 1.0, tuple(stages),
-                         made_for=MadeFor.of(model, parallel))
+    return layout_plan(model, parallel, freq_mhz, lambda t: (rng.choice(t.slot_labels), rng.randint(1, 64)),
+                       megatron_microbatches)
 
 
 def _max_rel(a: Any, b: Any) -> float:

@@ -28,6 +28,8 @@ from megatron.core.transformer.torch_norm import WrappedTorchNorm
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, _get_block_submodules
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
+from kareus.train.model import finalize_grads
+
 _CPU = torch.device("cpu")
 
 
@@ -173,6 +175,12 @@ def _swap_norms(spec: Any) -> Any:
     return spec
 
 
+def cpu_norm_spec(config: TransformerConfig, spec: ModuleSpec | TransformerBlockSubmodules) -> TransformerBlockSubmodules:
+    """This stage's block submodules of ``spec`` with megatron-core's torch norms swapped for ``_CpuNorm``,
+    which accepts sequence parallelism (megatron-core's refuses it; Apex's and TE's need a GPU)."""
+    return _swap_norms(_get_block_submodules(config, spec))
+
+
 def _seeded(layer_cls: type, seed: int) -> type:
     """``layer_cls`` reseeding the CPU RNG from ``seed`` and its global layer number before it builds, so a
     layer's weights do not depend on which pipeline stage builds it."""
@@ -206,7 +214,7 @@ def tiny_gpt(layer_spec: ModuleSpec | TransformerBlockSubmodules, num_layers: in
     block = dataclasses.replace(block, layer_specs=[dataclasses.replace(s, module=_seeded(s.module, seed))
                                                     for s in block.layer_specs])
     if sequence_parallel:  # WrappedTorchNorm (the local spec's, the final norm) refuses it
-        block = _swap_norms(block)
+        block = cpu_norm_spec(config, block)
     torch.manual_seed(seed)  # the embedding's init; each layer reseeds; the output layer follows the last
     return GPTModel(config, block, vocab_size=vocab, max_sequence_length=seq,
                     pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
@@ -233,22 +241,6 @@ def make_batches(count: int, micro_batch_size: int, seq: int, vocab: int, seed: 
     return [torch.randint(0, vocab, (micro_batch_size, seq + 1), generator=gen) for _ in range(count)]
 
 
-def _finalize_grads(model: list[torch.nn.Module], num_tokens: Any = None, **_: Any) -> None:
-    """megatron's finalize_model_grads without its DDP wrapper: average grads over data-parallel ranks, sum
-    those of sequence-parallel norm weights over the TP group (no tied embeddings to reduce)."""
-    dp, tp = ps.get_data_parallel_group(with_context_parallel=True), ps.get_tensor_model_parallel_group()
-    sequence_parallel = model[0].config.sequence_parallel
-    for chunk in model:
-        for p in chunk.parameters():
-            if p.grad is None:
-                continue
-            if dp.size() > 1:
-                torch.distributed.all_reduce(p.grad, group=dp)
-                p.grad /= dp.size()
-            if sequence_parallel and tp.size() > 1 and getattr(p, "sequence_parallel", False):
-                torch.distributed.all_reduce(p.grad, group=tp)
-
-
 def run_steps(model: GPTModel, batches: Sequence[torch.Tensor] | None, steps: int, lr: float,
               num_microbatches: int, micro_batch_size: int, seq: int,
               optimizer: Callable[..., torch.optim.Optimizer] = torch.optim.SGD,
@@ -261,7 +253,7 @@ def run_steps(model: GPTModel, batches: Sequence[torch.Tensor] | None, steps: in
     this rank's step-0 gradients (TP shards, after DP/SP reduction) by parameter name."""
     if batches is None:
         batches = make_batches(steps * num_microbatches, micro_batch_size, seq, model.vocab_size)
-    model.config.finalize_model_grads_func = _finalize_grads
+    model.config.finalize_model_grads_func = finalize_grads
     mask, positions = causal_mask(micro_batch_size, seq), torch.arange(seq).expand(micro_batch_size, seq)
     opt = optimizer([p for p in model.parameters() if p.requires_grad], lr=lr)
     forward_backward = get_forward_backward_func()

@@ -307,6 +307,11 @@ class Tracker:
                   tags=[RunTag(records.clean_key(k), records.truncate(str(v), records.MAX_TAG_VALUE))
                         for k, v in tags.items()])
 
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        """Metrics of one step (a training iteration), so MLflow charts them over steps."""
+        if self.active:
+            self._log_metrics(dict(metrics), step)
+
     # ---- helpers --------------------------------------------------------------------------
     def _log_frontier(self, frontier: Frontier, stem: str) -> None:
         text, table = records.frontier_artifacts(frontier)
