@@ -1,6 +1,7 @@
 """The cuda hardware backend on the CPU: slot/join order, windows, failed energy, config; GPU checks marked."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
@@ -148,7 +149,7 @@ def test_candidate_clock_and_sms_are_checked():
         b.set_clock(1001)
 
 
-def test_real_kernels_have_the_op_shapes():
+def test_stand_in_kernels_of_a_backend_that_names_no_model_have_the_op_shapes():
     b = _cpu()
     p = _partition()
     outs = [k() for k in b.compute_kernels(p)]
@@ -158,7 +159,7 @@ def test_real_kernels_have_the_op_shapes():
     assert outs[0].numel() == math.ceil(p.compute[0].bytes / 6)
 
 
-def test_attention_backward_kernel_runs_autograd_repeatedly():
+def test_stand_in_attention_backward_kernel_runs_autograd_repeatedly():
     b = _cpu()
     bwd = Op("attention_bwd", OpKind.ATTENTION, flops=2.5 * 4.0 * 64 * 64 / 2 * 128, bytes=2 * 2 * 4 * 64 * 128)
     p = PartitionType("bwd_attn", Direction.BWD, (bwd,), comm("ar", Collective.ALL_REDUCE, 1024, 2, Link.NVLINK),
@@ -166,6 +167,99 @@ def test_attention_backward_kernel_runs_autograd_repeatedly():
     k = b.compute_kernels(p)[0]
     g1, g2 = k(), k()
     assert len(g1) == 3 and torch.equal(g1[0], g2[0])
+
+
+# -- partitions on the model's own megatron-core layer ---------------------------------------------------------
+def _layer_layout():
+    from kareus.types import ModelSpec, ParallelSpec
+
+    return (ModelSpec("layer-bench", 4, 64, 128, 4, 2, 16, 128),
+            ParallelSpec(tp=2, pp=1, micro_batch_size=4, num_microbatches=2, seq_len=16))
+
+
+def _layer_partitions(model, parallel):
+    import kareus.partition  # noqa: F401  (registers the partitioners)
+    from kareus.registry import PARTITIONERS
+    from kareus.workload import build_workload
+
+    return {t.key: t for t in PARTITIONERS.build("nanobatch", config={}).partition(build_workload(model, parallel)).types}
+
+
+def test_a_backend_that_names_the_model_measures_partitions_on_its_megatron_core_layer():
+    import torch.distributed as dist
+
+    pytest.importorskip("megatron.core")
+    from kareus.errors import KareusError
+    from kareus.runtime.backend import with_layout
+    from kareus.runtime.layer_kernels import LayerBench
+
+    if dist.is_initialized():
+        pytest.skip("a process group already exists in this process")
+    model, parallel = _layer_layout()
+    parts = _layer_partitions(model, parallel)
+    b = CudaBackend(with_layout(CudaConfig(device="cpu", comm="copy", warmup=0, dtype="float32"), model, parallel))
+    assert b.cfg.layout() == (model, parallel) and b.partition_problems(list(parts.values())) == []
+    try:
+        p = parts["fwd_mlp"]
+        kernels = b.compute_kernels(p)
+        assert len(kernels) == len(p.compute) and b.compute_kernels(p) is kernels  # built once per partition
+        assert isinstance(b.layer_bench(), LayerBench) and b.layer_bench().layer.mlp.linear_fc1.weight.shape == (128, 64)
+        outs = [k()[0] for k in kernels]  # attn_bda, pre_mlp_norm, fc1, swiglu, fc2 of one nanobatch
+        m, k, n = p.compute[2].shape  # fc1: [tokens, hidden] x [hidden, 2 x ffn / tp]
+        assert tuple(outs[2].shape) == (16, 2, n) and m == 32 and k == 64
+        r = b.measure(p, Candidate(p.key, "linear_1", 8, b.gpu.max_mhz), 0.02)
+        assert r.time_s > 0 and r.executions >= 1 and "energy is unavailable" in r.error
+        bwd = parts["bwd_attn"]
+        assert b.run_once(bwd, Candidate(bwd.key, "attn_0", 8, b.gpu.max_mhz)) > 0
+        from kareus.partition import megatron_partitioning
+        from kareus.workload import build_workload
+
+        reference = megatron_partitioning(build_workload(model, parallel)).type("megatron:bwd_mlp")  # unsplit
+        assert b.partition_problems([reference]) == []
+        assert b.run_once(reference, Candidate(reference.key, "linear_3", 8, b.gpu.max_mhz)) > 0
+        assert b.layer_bench(dataclasses.replace(parallel, nanobatches=1)).hidden.shape == (16, 4, 64)
+        assert b.layer_bench().hidden.shape == (16, 2, 64)  # one nanobatch of two sequences
+        other = _layer_partitions(dataclasses.replace(model, hidden_size=128), parallel)["fwd_attn"]
+        [line] = b.partition_problems([other])  # refused before any candidate, and at the first one
+        assert line.startswith("partition fwd_attn: op mlp_bda has shape") and "another model or layout" in line
+        with pytest.raises(KareusError, match="another model or layout"):
+            b.compute_kernels(other)
+    finally:
+        b.close()
+    assert not dist.is_initialized()  # the bench's one-rank group is gone with the backend
+
+
+def test_sequence_or_context_parallel_partitions_are_refused_before_any_candidate():
+    from kareus.runtime.backend import with_layout
+
+    model, parallel = _layer_layout()
+    sp = dataclasses.replace(parallel, sequence_parallel=True)
+    b = CudaBackend(with_layout(CudaConfig(device="cpu", comm="copy"), model, sp))
+    lines = b.partition_problems(list(_layer_partitions(model, sp).values()))
+    assert lines and all(" parallel.sequence_parallel: the cuda backend measures tensor-parallel partitions "
+                         "without sequence parallelism" in line for line in lines)
+    assert b.cfg.problems()[0].startswith("parallel.sequence_parallel: ")
+
+
+def test_the_pipeline_builds_cuda_backends_with_the_runs_model_and_layout(compose, tmp_path):
+    import kareus.runtime  # noqa: F401  (registers the cuda schema)
+    from kareus.config.validate import validate
+    from kareus.pipeline.context import build_context
+    from kareus.pipeline.searching import hardware_section, make_backend, make_tasks
+
+    cfg = compose("+model=tiny", "parallel=pp1_tp2", "hardware=a100_cuda", "hardware.device=cpu",
+                  "hardware.comm=copy")
+    ctx = build_context(cfg, validate(cfg), tmp_path)
+    backend = make_backend(ctx)
+    try:
+        assert backend.cfg.layout() == (ctx.model, ctx.parallel)
+    finally:
+        backend.close()
+    [task] = make_tasks(ctx, ctx.partitioning.types[:1], lambda p: [])  # what a worker builds its backend from
+    assert task.hardware == hardware_section(ctx)
+    assert HARDWARE.build_config("cuda", task.hardware).layout() == (ctx.model, ctx.parallel)
+    sim = compose("+model=tiny", "parallel=pp1_tp2")  # a backend without the fields gets none
+    assert "model" not in hardware_section(build_context(sim, validate(sim), tmp_path / "sim"))
 
 
 @pytest.mark.parametrize("option,sms", [("a100_cuda", 108), ("h100_cuda", 132), ("h200_cuda", 132)])
@@ -374,6 +468,12 @@ def test_device_check_dry_run_on_cpu_writes_its_summary(tmp_path, monkeypatch, c
     assert summary["checks"]["partitions"]["backend"].startswith("cpu:")  # the thermal anchors' key
     assert summary["checks"]["e2e"]["simulated"] is True  # the run's own label travels with its numbers
     assert summary["gemm_beside_copy"]["gemm"] == "64^3 x 4"  # what ran: --cpu scales every dimension by 1/8
+    train = summary["checks"]["train"]  # mode=train at tp=1: both layouts timed, no energy on the CPU
+    if not train.get("skipped"):  # skipped without megatron-core
+        assert train["device"] == "cpu" and train["iterations"] == 8
+        assert [[b["block"] for b in train["blocks"][k]] for k in ("plan", "megatron")] == [[0, 1], [0, 1]]
+        assert train["comparison"]["measured_time_saving"] is not None
+        assert train["comparison"]["measured_energy_saving"] is None
     rows = summary["checks"]["partitions"]["rows"]  # no GPU to read a clock or a temperature from
     assert rows and all(r["sm_clock_mhz"] is None and r["temperature_c"] is None for r in rows)
     assert json.loads(capsys.readouterr().out)["checks"]["partitions"]["ok"]
