@@ -9,6 +9,20 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def shipped_gpu_config():
+    """The shipped cuda hardware config of this machine's GPU 0 (comm ``copy``, NVML energy); the test
+    is skipped for a GPU model Kareus ships no config of."""
+    import pytest
+    import torch
+
+    from kareus.runtime.backend import SHIPPED_CUDA_MODELS, gpu_model, shipped_cuda_config
+
+    name = torch.cuda.get_device_name(0)
+    if gpu_model(name).lower() not in SHIPPED_CUDA_MODELS:
+        pytest.skip(f"no shipped hardware config for {name}")
+    return shipped_cuda_config(name, device="cuda", comm="copy", energy="nvml")
+
+
 def sim_config(name: str = "a100_sim", **overrides):
     """The SimConfig that conf/hardware/<name>.yaml describes (schema-typed, as Hydra would)."""
     import dataclasses

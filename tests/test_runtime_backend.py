@@ -286,12 +286,9 @@ def test_device_cuda_without_a_gpu_says_how_to_run_on_cpu():
 @pytest.mark.gpu
 @gpu
 def test_gpu_window_reads_positive_energy_and_a_side_stream_overlap():
-    from kareus.runtime.backend import SHIPPED_CUDA_MODELS, gpu_model, shipped_cuda_config
+    from _hw_helpers import shipped_gpu_config
 
-    name = torch.cuda.get_device_name(0)
-    if gpu_model(name).lower() not in SHIPPED_CUDA_MODELS:
-        pytest.skip(f"no shipped hardware config for {name}")
-    b = CudaBackend(shipped_cuda_config(name, device="cuda", comm="copy", energy="nvml"))
+    b = CudaBackend(shipped_gpu_config())
     p = _partition()
     c = Candidate(p.key, "norm_0", 16, b.gpu.max_mhz)
     r = b.measure(p, c, 0.2)

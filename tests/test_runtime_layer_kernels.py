@@ -176,13 +176,12 @@ def test_gpu_layer_kernels_reproduce_megatron_core_in_bf16_and_repeat():
 @pytest.mark.gpu
 @gpu
 def test_gpu_backend_measures_a_layer_partition_with_energy():
-    from kareus.runtime.backend import SHIPPED_CUDA_MODELS, CudaBackend, gpu_model, shipped_cuda_config, with_layout
+    from _hw_helpers import shipped_gpu_config
+
+    from kareus.runtime.backend import CudaBackend, with_layout
     from kareus.types import Candidate
 
-    name = torch.cuda.get_device_name(0)
-    if gpu_model(name).lower() not in SHIPPED_CUDA_MODELS:
-        pytest.skip(f"no shipped hardware config for {name}")
-    b = CudaBackend(with_layout(shipped_cuda_config(name, device="cuda", comm="copy", energy="nvml"), MODEL, PARALLEL))
+    b = CudaBackend(with_layout(shipped_gpu_config(), MODEL, PARALLEL))
     try:
         for key, slot in (("fwd_attn", "attn_0"), ("bwd_mlp", "linear_1")):
             p = {t.key: t for t in _partitions()}[key]
