@@ -301,7 +301,7 @@ def app(cfg: DictConfig) -> Any:
         # describe measured and wrote nothing, and a training rank but the first writes nothing either (rank
         # 0's folder holds the run): no empty run folder left behind, nor a folder's config rewritten
         # beside the results of the run it holds
-        if describe or (isinstance(out, dict) and out.get("mode") == "train" and out.get("rank", 0) != 0):
+        if describe or (isinstance(out, dict) and out.get("remove_run_dir")):
             _remove_job_dir(run_dir)
             _restore_kept()
         return out

@@ -210,6 +210,15 @@ class Trainer:
                                f"composed with {1e3 * priced:.1f} ms: compose again with "
                                f"hardware.clock_switch_s={measured:.4f}")
 
+    def note_run_dir(self, run_dir: Any) -> None:
+        """Learn rank 0's run folder (``first_run_dir``): the other ranks' Hydra folders are removed,
+        unless it is theirs too (one ``hydra.run.dir`` for all)."""
+        import torch.distributed as dist
+
+        dirs: list = [None] * dist.get_world_size()
+        dist.all_gather_object(dirs, str(run_dir))
+        self.first_run_dir = dirs[0]
+
     def _device_name(self) -> str:
         import torch
 

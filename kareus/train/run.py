@@ -49,10 +49,11 @@ def run_train(cfg: Any, typed: dict[str, Any], run_dir: Path, model: Any, parall
     try:
         with ClockGuard(trainer.timer):  # clocks given back at every exit: end, error, SIGTERM/HUP, Ctrl-C
             result = trainer.run()
+        trainer.note_run_dir(run_dir)
     finally:
         trainer.close()
-    if trainer.rank != 0:
-        return {"mode": "train", "rank": trainer.rank}
+    if trainer.rank != 0:  # its own Hydra folder goes, unless every rank shares rank 0's (hydra.run.dir=...)
+        return {"mode": "train", "rank": trainer.rank, "remove_run_dir": trainer.first_run_dir != str(run_dir)}
     summary = _summary(cfg, tplan, trainer, result)
     path = run_dir / "train_summary.json"
     path.write_text(json.dumps(summary, indent=2) + "\n")
