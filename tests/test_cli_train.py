@@ -108,3 +108,15 @@ def test_a_missing_plan_is_one_line(tmp_path):
     lines = error_lines(res.stderr)
     assert len(lines) == 1 and "train.plan: no such file or directory:" in lines[0], res.stderr
     assert left_behind(tmp_path) == []
+
+
+def test_bad_train_values_are_named_one_line_each(tmp_path):
+    res = kareus(tmp_path, *LAYOUT, "parallel=pp1_tp2", "mode=train", "train.plan=megatron", "train.iterations=0",
+                 "train.compare=true", "train.blocks=1", "train.lr=-1", "train.device=tpu")
+    assert res.returncode == 2
+    assert error_lines(res.stderr) == [
+        "error: train.iterations: must be >= 1, got 0",
+        "error: train.blocks: a comparison needs 2..train.iterations (0) blocks of at least one iteration each, got 1",
+        "error: train.lr: must be a positive number, got -1.0",
+        "error: train.device: must be one of auto, cpu, cuda, got 'tpu'"]
+    assert left_behind(tmp_path) == []

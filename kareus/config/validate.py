@@ -278,6 +278,31 @@ def _nested_items(prefix: str, node: Any) -> list[str]:
     return out
 
 
+TRAIN_DEVICES = ("auto", "cpu", "cuda")
+
+
+def train_problems(train: Any) -> list[str]:
+    """``train.*`` values mode=train could not run with, one line each (checked in every mode, as every
+    section is)."""
+    import math
+
+    if train is None:
+        return []
+    out = []
+    if train.iterations < 1:
+        out.append(f"train.iterations: must be >= 1, got {train.iterations}")
+    if train.warmup < 0:
+        out.append(f"train.warmup: must be >= 0, got {train.warmup}")
+    if train.compare and not 2 <= train.blocks <= max(train.iterations, 2):
+        out.append(f"train.blocks: a comparison needs 2..train.iterations ({train.iterations}) blocks of at "
+                   f"least one iteration each, got {train.blocks}")
+    if not (math.isfinite(train.lr) and train.lr > 0):
+        out.append(f"train.lr: must be a positive number, got {train.lr}")
+    if str(train.device) not in TRAIN_DEVICES:
+        out.append(f"train.device: must be one of {', '.join(TRAIN_DEVICES)}, got {train.device!r}")
+    return out
+
+
 def validate(cfg: Any) -> dict[str, Any]:
     """Check a composed config; return the typed sections, or raise ConfigError listing every problem."""
     from omegaconf import DictConfig
@@ -325,6 +350,7 @@ def validate(cfg: Any) -> dict[str, Any]:
         problems += validate_counter_period(typed["hardware"], typed["profiler"])
         if gpu is not None:
             problems += validate_unlocked_clock(typed["profiler"], typed.get("search"), gpu)
+    problems += train_problems(cfg.get("train"))
     real = "hardware" in typed and measures_real_gpu(typed["hardware"])
     recorded = "hardware" in typed and bool(getattr(typed["hardware"], "recorded_space", lambda: False)())
     ctx = ValidationContext(gpu=gpu, parallel=cfg.parallel, model=model, mode=mode, real_gpu=real,

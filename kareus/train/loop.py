@@ -68,9 +68,7 @@ class Trainer:
         from kareus.train.model import build_gpt, finalize_grads, mock_batches
 
         self.cfg, self.tc, self.model, self.parallel, self.tplan, self.console = cfg, cfg.train, model, parallel, tplan, console
-        want = str(self.tc.device)
-        if want not in ("auto", "cpu", "cuda"):
-            raise KareusError(f"train.device: must be auto, cpu or cuda, got {want!r}")
+        want = str(self.tc.device)  # auto | cpu | cuda (validated with the config)
         cuda = torch.cuda.is_available() if want == "auto" else want == "cuda"
         if cuda and not torch.cuda.is_available():
             raise KareusError("train.device: cuda asked for, but torch sees no GPU; use train.device=cpu")
@@ -148,10 +146,7 @@ class Trainer:
         layouts = ["plan", "megatron"] if tc.compare else (["plan"] if self.tplan.plan is not None else ["megatron"])
         iterations: list[Iteration] = []
         n = int(tc.iterations)
-        blocks = int(tc.blocks) if tc.compare else 1
-        if tc.compare and (blocks < 2 or n < blocks):
-            raise KareusError(f"train.blocks: a comparison needs 2 or more blocks of at least one iteration each, "
-                              f"got {blocks} blocks for train.iterations={n}")
+        blocks = int(tc.blocks) if tc.compare else 1  # 2..n with compare (validated with the config)
         for layout in layouts:  # warm-up of each layout, left out of every number
             self._block(layout, int(tc.warmup), -1, [])
         sizes = [n // blocks + (1 if b < n % blocks else 0) for b in range(blocks)]
