@@ -212,7 +212,8 @@ def test_params_and_tags_respect_mlflow_limits():
 # ---- several processes writing to one fresh SQLite store at once ----------------------------
 
 def _worker(uri: str, partition: str, n: int) -> str:
-    client, exp_id, abs_uri = connect(uri, "concurrent")
+    artifacts = str(Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts")  # beside the store, not ./mlruns
+    client, exp_id, abs_uri = connect(uri, "concurrent", artifacts)
     listener = PartitionListenerFactory(partition, abs_uri, exp_id, plots=False, flush_interval_s=0.0)()
     for event in search_events(partition, n=n, batch=5, failed_at=None):
         listener(event)
