@@ -363,3 +363,15 @@ def test_equal_time_pairs_each_baseline_point_with_the_least_energy_plan_within_
     console.print(equal_time_table(rows, "vs baseline", max_rows=2))
     text = console.export_text()
     assert "none this fast" in text and f"plan {cheapest.index:03d}" in text and "vs baseline" in text
+
+
+def test_a_plan_summary_says_its_clocks_and_partition_settings(plans):
+    from kareus.plan.report import compared_to, plan_summary
+
+    lines = plan_summary(plans[0])
+    assert [ln.split(":")[0] for ln in lines[:S]] == [f"stage {s}" for s in range(S)]
+    assert all("fwd " in ln and "; bwd " in ln and "MHz (mb " in ln for ln in lines[:S])
+    assert lines[S] == f"Megatron's layout in 0 of {2 * S * M} instructions"
+    covered = sum(int(ln.split("(")[1].split(" ")[0]) for ln in lines[S + 1:])
+    assert covered == 2 * S * M  # every instruction runs one attention partition here
+    assert compared_to(6.1, "faster", "slower") == "6.1% faster" and compared_to(-2.3, "faster", "slower") == "2.3% slower"

@@ -179,6 +179,7 @@ def _compose_and_plan(ctx: RunContext, console: Console, backend: Any, results: 
     from kareus.pipeline.composing import compose, measure_fixed_work, measure_perseus_space
     from kareus.plan import PlanSelectionError, frontier_table, make_plans, select_plan, write_run_outputs
     from kareus.plan.model import MadeFor
+    from kareus.plan.report import compared_to, plan_summary
     from kareus.profiler import Journal, Profiler, ProfilerConfig
     from kareus.registry import to_dataclass
     from kareus.tracking import summary_metrics
@@ -237,11 +238,16 @@ def _compose_and_plan(ctx: RunContext, console: Console, backend: Any, results: 
                            "energy_saving_pct": 100 * (1 - selected.predicted_energy_j / ref_e),
                            "clock_switches": switches}
         s = out["selected"]
-        console.print(f"selected plan ({_selection_rule(ctx.typed['plan'])}): {s['time_s']:.4f} s, "
-                      f"{s['energy_j']:.1f} J per iteration; against Megatron {s['time_saving_pct']:+.1f}% time "
-                      f"and {s['energy_saving_pct']:+.1f}% energy saved ({label}); {switches} clock switches "
-                      f"per iteration over {selected.num_stages} stages, "
+        gpus = selected.num_stages * selected.gpus_per_stage
+        console.print(f"selected plan ({_selection_rule(ctx.typed['plan'])}): {s['time_s']:.4f} s and "
+                      f"{s['energy_j']:,.1f} J per iteration (energy of all {gpus} GPUs), "
+                      f"{compared_to(s['time_saving_pct'], 'faster', 'slower')} and "
+                      f"{compared_to(s['energy_saving_pct'], 'less energy', 'more energy')} than Megatron ({label}); "
+                      f"{switches} clock switches per iteration over {selected.num_stages} stages, "
                       f"{_switch_pricing(selected.clock_switch_s)}")
+        console.print(f"selected plan file: {outputs['plan_selected']}")
+        for line in plan_summary(selected):
+            console.print(f"  {line}")
     if selection_error is not None:
         out["selection_error"] = selection_error
     return out

@@ -127,3 +127,59 @@ def frontier_table(plans: Sequence[ExecutionPlan], reference: Assignment | None 
                       "-" if ts is None else f"{ts:+.2f}%", "-" if es is None else f"{es:+.2f}%", mark,
                       style="green" if mark else None)
     return table
+
+
+def compared_to(saving_pct: float, better: str, worse: str) -> str:
+    """``6.1% faster`` / ``2.3% slower``: a saving against a reference, said the way it reads."""
+    return f"{abs(saving_pct):.1f}% {better if saving_pct >= 0 else worse}"
+
+
+def _ranges(mbs: Sequence[int]) -> str:
+    """``0-3, 6`` for microbatches 0, 1, 2, 3, 6."""
+    out, run = [], [mbs[0]]
+    for m in mbs[1:]:
+        if m == run[-1] + 1:
+            run.append(m)
+            continue
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [m]
+    out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ", ".join(out)
+
+
+def plan_summary(plan: ExecutionPlan) -> list[str]:
+    """A few lines that say what a plan runs: per stage and direction each clock with its microbatches,
+    and per partition type the slots and comm SMs its instructions choose (how many use each)."""
+    from collections import Counter, defaultdict
+
+    lines = []
+    for st in plan.stages:
+        clocks = []
+        for d in ("fwd", "bwd"):
+            by_clock: dict[int, list[int]] = defaultdict(list)
+            for ins in st.instructions:
+                if ins.direction == d:
+                    by_clock[ins.freq_mhz] += list(ins.microbatches)
+            clocks.append(f"{d} " + ", ".join(f"{mhz} MHz (mb {_ranges(sorted(mbs))})"
+                                              for mhz, mbs in sorted(by_clock.items(), key=lambda kv: min(kv[1]))))
+        lines.append(f"stage {st.stage}: " + "; ".join(clocks))
+    from kareus.partition.sequential import MEGATRON_PREFIX
+
+    settings: dict[str, Counter] = defaultdict(Counter)
+    megatron = total = 0
+    for st in plan.stages:
+        for ins in st.instructions:
+            n = len(ins.microbatches)
+            total += n
+            if ins.partitions and all(p.partition.startswith(MEGATRON_PREFIX) for p in ins.partitions):
+                megatron += n  # Megatron's own layout: its slots and SMs are megatron-core's
+                continue
+            for p in ins.partitions:
+                settings[p.partition][(p.slot, p.sms)] += n
+    lines.append(f"Megatron's layout in {megatron} of {total} instructions")
+    for key in sorted(settings):
+        used = sum(settings[key].values())
+        choices = ", ".join(f"{slot} / {sms} SMs" + (f" ({n})" if len(settings[key]) > 1 else "")
+                            for (slot, sms), n in settings[key].most_common())
+        lines.append(f"{key} ({used} instruction{'s' if used != 1 else ''}): {choices}")
+    return lines
