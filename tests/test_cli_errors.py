@@ -433,6 +433,7 @@ def test_a_replayed_table_with_more_comm_sms_than_the_gpu_has_is_one_line(tmp_pa
         "kernel (1..107); describe the GPU the table was recorded on with hardware.gpu and hardware.sms"]
 
 
+@pytest.mark.slow  # an end-to-end run: left out of the quick tier
 def test_a_ray_cluster_refusal_records_nothing(tmp_path):
     """The Ray launcher checked its cluster inside the run, after MLflow had recorded it: the refusal
     left runs/mlflow.db with a FAILED run and its config artifact."""
@@ -485,6 +486,7 @@ def test_a_sweep_with_a_bad_job_is_refused_before_any_job_runs(tmp_path):
     assert left_behind(tmp_path) == []  # no sweep folder, no MLflow store
 
 
+@pytest.mark.slow  # an end-to-end run: left out of the quick tier
 @pytest.mark.parametrize("batches", [[], ["hydra.sweeper.max_batch_size=1"]], ids=["one_batch", "batch_per_job"])
 def test_a_sweep_job_refused_at_run_time_fails_alone_and_the_sweep_goes_on(tmp_path, batches):
     import sqlite3
@@ -511,6 +513,7 @@ def test_a_sweep_job_refused_at_run_time_fails_alone_and_the_sweep_goes_on(tmp_p
     assert sorted(rows) == [("jobs", 2.0, "FAILED"), ("jobs_failed", 1.0, "FAILED")]
 
 
+@pytest.mark.slow  # an end-to-end run: left out of the quick tier
 def test_a_sweep_whose_every_job_is_refused_leaves_no_sweep_folder(tmp_path):
     """The MLflow sweep callback's run-id file beside multirun.yaml kept the empty folder."""
     tiny = ("+model=tiny", "parallel=pp1_tp2", "mode=search", "search=random", "search.budget=4", "progress=false")
@@ -576,6 +579,7 @@ def test_a_refused_run_removes_only_the_folders_it_made(tmp_path):
     assert (tmp_path / "mine").is_dir() and (tmp_path / "runs").is_dir()  # they were there before
 
 
+@pytest.mark.slow  # an end-to-end run: left out of the quick tier
 def test_a_refused_run_in_the_folder_of_an_earlier_run_leaves_that_runs_record(tmp_path):
     """Hydra rewrites .hydra/ and appends to the log before the config is checked: the folder's config
     then described the refused run, not the results beside it."""
@@ -607,6 +611,7 @@ def test_describe_into_a_reader_that_leaves_stops_quietly_and_leaves_nothing(tmp
     assert left_behind(tmp_path) == []
 
 
+@pytest.mark.slow  # an end-to-end run: left out of the quick tier
 def test_a_refused_job_in_a_reused_sweep_folder_leaves_the_earlier_jobs_as_they_were(tmp_path):
     """Hydra rewrites a job folder's config before the job runs: a refused job put nothing back (the
     folder's config no longer described its results) and left a folder of its own behind."""
@@ -628,6 +633,7 @@ def test_a_refused_job_in_a_reused_sweep_folder_leaves_the_earlier_jobs_as_they_
     assert {p: p.read_bytes() for p in sorted(job.rglob("*")) if p.is_file()} == before
 
 
+@pytest.mark.slow  # an end-to-end run: left out of the quick tier
 def test_a_first_run_on_a_fresh_machine_prints_no_library_log_lines(tmp_path, monkeypatch):
     """matplotlib's INFO line about building its font cache reached stderr through Hydra's logging."""
     monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path / "mpl"))  # no font cache yet

@@ -80,6 +80,7 @@ def test_process_launcher_matches_local_and_shares_the_journal(local_results, tm
     check_journal(path, results)  # two workers wrote one file at once
 
 
+@pytest.mark.slow  # an end-to-end run: left out of the quick tier
 def test_ray_launcher_matches_local(local_results, tmp_path):
     from kareus.launch.launchers import _broken_amdsmi_shim
 
@@ -94,6 +95,7 @@ def test_ray_launcher_matches_local(local_results, tmp_path):
     check_journal(path, results)
 
 
+@pytest.mark.slow  # an end-to-end run: left out of the quick tier
 def test_a_failed_ray_task_raises_its_own_error_and_stops_the_others(tmp_path):
     """ray.get raised RayTaskError, whose text is Ray's coloured traceback (the CLI printed ~30 lines),
     and the wait loop let every other search spend its whole budget first."""
@@ -158,6 +160,7 @@ print("handled" if len(hit) == 2 else "lost", flush=True)
 """
 
 
+@pytest.mark.slow  # an end-to-end run: left out of the quick tier
 def test_ray_leaves_the_programs_sigterm_handler_in_place(tmp_path):
     """ray.init installed Ray's crash handler over the CLI's: a SIGTERM aborted (exit 134) without the
     resume line, and left MLflow runs RUNNING."""

@@ -447,6 +447,7 @@ def test_gpu_branch_orders_streams_and_events():
     assert window.count("comm@8") == 1 and window.count("op3") == 1
 
 
+@pytest.mark.slow  # an end-to-end run: left out of the quick tier
 def test_device_check_dry_run_on_cpu_writes_its_summary(tmp_path, monkeypatch, capsys):
     import importlib.util
     import json

@@ -135,6 +135,7 @@ def test_without_the_stand_in_a_runtime_still_wants_the_layouts_own_model():
         runtime.check_model(_config())  # one rank's shard on one device: refused without stand_in_tp
 
 
+@pytest.mark.slow  # an end-to-end run: left out of the quick tier
 def test_a_tp2_block_program_runs_on_one_process_as_megatron_cores_layers_do():
     """device_check's layers section on the CPU: megatron-core at tp=1 with one tp=2 rank's shard, the
     partitioned executor (stand-in collectives) against the local spec, one training step, fp32."""

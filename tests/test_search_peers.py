@@ -112,6 +112,7 @@ def test_the_artifact_policys_small_batches_go_to_its_largest_shares(first):
     assert batches[0] == ["initial"] * 12 and batches[1:] == [first] * 3, batches
 
 
+@pytest.mark.slow  # an end-to-end run: left out of the quick tier
 def test_qnehvi_skips_cleanly_or_runs():
     if not available():
         with pytest.raises(ImportError, match="botorch"):
@@ -122,6 +123,7 @@ def test_qnehvi_skips_cleanly_or_runs():
     assert len(res.measurements) == 14 == gpu.calls
 
 
+@pytest.mark.slow  # an end-to-end run: left out of the quick tier
 def test_qnehvi_learns_where_settings_fail():
     """Its GPs were fitted on successful points alone, so a region where every setting fails (a slot
     that crashes, a clock the GPU cannot hold: a fifth of this space) stayed attractive: 13 of 36

@@ -253,6 +253,7 @@ def test_forked_worker_gets_its_own_connection_pool(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+@pytest.mark.slow  # an end-to-end run: left out of the quick tier
 def test_concurrent_writers_share_one_sqlite_store(tmp_path):
     from mlflow.tracking import MlflowClient
 
