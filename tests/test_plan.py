@@ -296,6 +296,9 @@ def test_run_outputs_and_table(tmp_path, frontier, plans):
     console.print(frontier_table(plans, ref, chosen, max_rows=6))
     text = console.export_text()
     assert "Megatron" in text and "selected" in text and "%" in text
+    shown = frontier_table(plans, ref, chosen, max_rows=6)
+    assert shown.caption == f"showing {shown.row_count - 1} of {len(plans)} plans (all in frontier_iteration.csv)"
+    assert f"energy per iteration, all {S * plans[0].gpus_per_stage} GPUs" in str(shown.title)
 
 
 def test_plan_schema_is_registered_for_hydra():

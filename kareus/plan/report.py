@@ -118,6 +118,10 @@ def frontier_table(plans: Sequence[ExecutionPlan], reference: Assignment | None 
         if selected is not None:
             keep.add(selected.index)
         rows = [p for p in rows if p.index in keep]
+        table.caption = f"showing {len(rows)} of {len(plans)} plans (all in frontier_iteration.csv)"
+    if plans:
+        gpus = plans[0].num_stages * plans[0].gpus_per_stage
+        table.title = f"{table.title}; energy per iteration, all {gpus} GPUs"
     ref_t = reference.time_s if reference else None
     ref_e = reference.energy_j if reference else None
     for p in rows:
