@@ -2,6 +2,7 @@
 is recorded, and every run directory holds its own whole journal, so resumes chain and never re-measure."""
 from __future__ import annotations
 
+import json
 import sqlite3
 from contextlib import closing
 from pathlib import Path
@@ -46,6 +47,11 @@ def test_resumes_chain_each_run_dir_holds_its_whole_journal(first):
                      timeout=600)
         assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
         assert _rows(cwd / "runs" / new) == rows  # every candidate answered from its own copied journal
+        said = [ln for ln in res.stdout.splitlines() if ln.startswith("resume: ")]
+        assert len(said) == 1 and " measured now (0.00 simulated GPU-hours)" in said[0], res.stdout[-2000:]
+        assert said[0].startswith("resume: ") and "candidates answered from the journal" in said[0]
+        summary = json.loads((cwd / "runs" / new / "summary.json").read_text())
+        assert summary["measured_now"] == 0 and summary["profiled"] > 0
     assert _files(first) == before  # the old run is never written to, not even a -wal file
     assert (cwd / "runs" / "c" / "search_summary.json").read_text() == \
         (cwd / "runs" / "b" / "search_summary.json").read_text()

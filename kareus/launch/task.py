@@ -132,6 +132,7 @@ def _search(task: PartitionSearchTask, backend: Any, bus: Any) -> SearchResult:
                 ref = reference_point([m.time_s for m in ok], [m.energy_j for m in ok])
                 hv = result.frontier.hypervolume(ref)
             result.gpu_seconds = profiler.gpu_seconds(part.key)
+            result.measured_now, result.measured_now_gpu_seconds = profiler.measured_now(part.key)
             bus.emit(SearchFinished(part.key, result.frontier, len(result.measurements),
                                     len(result.measurements) - len(ok), result.gpu_seconds, hv))
     finally:

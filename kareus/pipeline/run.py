@@ -116,8 +116,16 @@ def _search_and_plan_on(ctx: RunContext, console: Console, compose: bool, backen
         search_summary = write_search_outputs(ctx.run_dir, results, sizes)
         profiled = sum(len(r.measurements) for r in results)
         gpu_seconds = sum(r.gpu_seconds for r in results)
-        summary.update(search=search_summary, profiled=profiled, profiling_gpu_seconds=gpu_seconds)
+        now = sum(r.measured_now for r in results)
+        now_seconds = sum(r.measured_now_gpu_seconds for r in results)
+        summary.update(search=search_summary, profiled=profiled, profiling_gpu_seconds=gpu_seconds,
+                       measured_now=now, measured_now_gpu_seconds=now_seconds)
         _print_search_summary(console, search_summary, gpu_seconds, ctx)
+        if ctx.cfg.get("resume") and profiled:  # what the journal answered, apart from what this run paid for
+            label = _hours_label(ctx)
+            console.print(f"resume: {profiled - now} candidates answered from the journal "
+                          f"({(gpu_seconds - now_seconds) / 3600:.2f} {label}GPU-hours when they were measured), "
+                          f"{now} measured now ({now_seconds / 3600:.2f} {label}GPU-hours)")
         from kareus.tracking.records import gpu_hours_name
 
         # before composing: a run whose plan is refused still records what its search cost

@@ -70,6 +70,7 @@ class Profiler:
         self._costs: dict[tuple, float] = {}
         self._index: dict[str, int] = {}
         self.measured = 0  # candidates actually measured by this instance (not answered from the journal)
+        self._now: dict[str, tuple[int, float]] = {}  # per partition: (candidates, GPU-seconds) measured now
         self._anchor_state_loaded = False
         device = device_id or getattr(backend, "device_id", "") or backend.name
         self._thermal_key = f"thermal:{device}:{type(cooldown).__name__}"
@@ -90,6 +91,10 @@ class Profiler:
     def gpu_seconds(self, partition: str) -> float:
         """Profiling GPU-time charged to ``partition`` so far (journaled costs included)."""
         return self._spent.get(partition, 0.0)
+
+    def measured_now(self, partition: str) -> tuple[int, float]:
+        """(candidates, GPU-seconds) of ``partition`` this profiler measured itself, not from the journal."""
+        return self._now.get(partition, (0, 0.0))
 
     def costs(self) -> dict[tuple, float]:
         """GPU-seconds of each distinct candidate (partition or residual ops) this profiler measured or
@@ -112,6 +117,8 @@ class Profiler:
             if hit is None:
                 self._record(m, cost)
                 self.measured += 1
+                n, spent = self._now.get(cand.partition, (0, 0.0))
+                self._now[cand.partition] = (n + 1, spent + cost)
             if cand.key not in self._costs:  # asked again: answered from the journal without charge
                 self._spent[cand.partition] = self._spent.get(cand.partition, 0.0) + cost
                 self._costs[cand.key] = cost

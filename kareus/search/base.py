@@ -33,6 +33,9 @@ class SearchResult:
     dynamic_frontier: Frontier  # (time, dynamic energy) Pareto set: what composition uses
     predictions: list[list[dict[str, Any]]] = field(default_factory=list)  # per batch, kept for the record
     gpu_seconds: float = 0.0  # profiling GPU-time this search spent (simulated on the simulated GPU)
+    # of those: measured by this run (the rest were answered from a resumed run's journal)
+    measured_now: int = 0
+    measured_now_gpu_seconds: float = 0.0
 
 
 class Searcher(Protocol):
