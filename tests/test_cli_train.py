@@ -117,6 +117,7 @@ def test_bad_train_values_are_named_one_line_each(tmp_path):
     assert error_lines(res.stderr) == [
         "error: train.iterations: must be >= 1, got 0",
         "error: train.blocks: a comparison needs 2..train.iterations (0) blocks of at least one iteration each, got 1",
+        "error: train.compare: compares a plan with Megatron's layout; train.plan=megatron names no plan",
         "error: train.lr: must be a positive number, got -1.0",
         "error: train.device: must be one of auto, cpu, cuda, got 'tpu'"]
     assert left_behind(tmp_path) == []

@@ -293,9 +293,11 @@ def train_problems(train: Any) -> list[str]:
         out.append(f"train.iterations: must be >= 1, got {train.iterations}")
     if train.warmup < 0:
         out.append(f"train.warmup: must be >= 0, got {train.warmup}")
-    if train.compare and not 2 <= train.blocks <= max(train.iterations, 2):
+    if train.compare and not 2 <= train.blocks <= train.iterations:
         out.append(f"train.blocks: a comparison needs 2..train.iterations ({train.iterations}) blocks of at "
                    f"least one iteration each, got {train.blocks}")
+    if train.compare and train.plan == "megatron":
+        out.append("train.compare: compares a plan with Megatron's layout; train.plan=megatron names no plan")
     if not (math.isfinite(train.lr) and train.lr > 0):
         out.append(f"train.lr: must be a positive number, got {train.lr}")
     if str(train.device) not in TRAIN_DEVICES:

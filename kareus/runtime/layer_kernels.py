@@ -125,7 +125,7 @@ def _set_up(cpu: bool, device: Any, seed: int) -> None:
     if cpu:
         from kareus.runtime import megatron_cpu
 
-        _PROCESS.shims = not megatron_cpu._saved
+        _PROCESS.shims = not megatron_cpu.shims_installed()
         megatron_cpu.install_cuda_shims()
     if not ps.model_parallel_is_initialized():
         if not dist.is_initialized():
@@ -141,25 +141,18 @@ def _set_up(cpu: bool, device: Any, seed: int) -> None:
                               "process that has not initialised megatron's model parallelism")
     tracker = tp_random.get_cuda_rng_tracker()
     if tp_random._MODEL_PARALLEL_RNG_TRACKER_NAME not in tracker.get_states():
+        from kareus.runtime.megatron_cpu import CpuRNGStatesTracker, add_tracker_states
+
         _PROCESS.tracker = (tp_random._CUDA_RNG_STATE_TRACKER, tp_random._CUDA_RNG_STATE_TRACKER_INITIALIZED)
         if cpu:
-            from kareus.runtime.megatron_cpu import CpuRNGStatesTracker
-
             ours: Any = CpuRNGStatesTracker()
-            _seed_tracker(ours, tp_random, seed)
+            add_tracker_states(ours, seed)
         else:
             ours = tp_random.CudaRNGStatesTracker()
             with torch.cuda.device(device):  # the tracker seeds and restores this device's generator
-                _seed_tracker(ours, tp_random, seed)
+                add_tracker_states(ours, seed)
         tp_random._CUDA_RNG_STATE_TRACKER = ours
         tp_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
-
-
-def _seed_tracker(tracker: Any, tp_random: Any, seed: int) -> None:
-    """The tracker names ``model_parallel_cuda_manual_seed`` adds, at a tensor-parallel rank of 0."""
-    tracker.add(tp_random._DATA_PARALLEL_RNG_TRACKER_NAME, seed)
-    tracker.add(tp_random._MODEL_PARALLEL_RNG_TRACKER_NAME, seed + 2718)
-    tracker.add(tp_random._EXPERT_PARALLEL_RNG_TRACKER_NAME, seed + 1024)
 
 
 def _release() -> None:

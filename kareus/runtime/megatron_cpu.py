@@ -127,10 +127,20 @@ def cpu_manual_seed(seed: int) -> None:
     _tp_random._CUDA_RNG_STATE_TRACKER = tracker
     _tp_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
     torch.manual_seed(seed)
+    add_tracker_states(tracker, seed, ps.get_tensor_model_parallel_rank(),
+                       100 * ps.get_expert_model_parallel_rank() + ps.get_expert_tensor_parallel_rank())
+
+
+def add_tracker_states(tracker: Any, seed: int, tp_rank: int = 0, expert_offset: int = 0) -> None:
+    """The states ``model_parallel_cuda_manual_seed`` adds to megatron's RNG tracker, by its names and seeds."""
     tracker.add(_tp_random._DATA_PARALLEL_RNG_TRACKER_NAME, seed)
-    tracker.add(_tp_random._MODEL_PARALLEL_RNG_TRACKER_NAME, seed + 2718 + ps.get_tensor_model_parallel_rank())
-    tracker.add(_tp_random._EXPERT_PARALLEL_RNG_TRACKER_NAME,
-                seed + 1024 + 100 * ps.get_expert_model_parallel_rank() + ps.get_expert_tensor_parallel_rank())
+    tracker.add(_tp_random._MODEL_PARALLEL_RNG_TRACKER_NAME, seed + 2718 + tp_rank)
+    tracker.add(_tp_random._EXPERT_PARALLEL_RNG_TRACKER_NAME, seed + 1024 + expert_offset)
+
+
+def shims_installed() -> bool:
+    """Whether ``install_cuda_shims`` is in effect in this process."""
+    return bool(_saved)
 
 
 def init_parallel(tp: int, pp: int, cp: int = 1, seed: int = 1234, rank: int | None = None,

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from kareus.errors import KareusError
-from kareus.runtime.layer_ops import (Call, Collective, Linear, Local, accumulate, backward_local, backward_name,
-                                      linear_dgrad, linear_wgrad, op_table, resolve, run_linear, run_local)
+from kareus.runtime.layer_ops import (Call, Linear, Local, accumulate, backward_local, backward_name, linear_dgrad,
+                                      linear_wgrad, op_table, run_linear, run_local)
 from kareus.runtime.program import Compute, Join, Launch, Program, build_program
 from kareus.types import Direction, ModelSpec, ParallelSpec
 

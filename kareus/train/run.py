@@ -33,8 +33,6 @@ def run_train(cfg: Any, typed: dict[str, Any], run_dir: Path, model: Any, parall
             check_plan_layout(tplan.plan, model, parallel)
         except PlanLayoutError as err:
             raise KareusError(f"train.plan: {err}") from None
-    if tc.compare and tplan.plan is None:
-        raise KareusError("train.compare: compares a plan with Megatron's layout; train.plan=megatron has no plan")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     need = parallel.tp * parallel.pp * parallel.cp
     if world % need:
