@@ -100,6 +100,7 @@ class TrainConfig:
     blocks: int = 4  # blocks per layout with compare; iterations are spread over them
     lr: float = 1.0e-4  # the optimizer's (AdamW) learning rate
     device: str = "auto"  # auto (cuda where torch sees a GPU) | cuda | cpu
+    comm: str = "nccl"  # nccl | mscclpp: the library of the plan's TP collectives on GPUs (gloo on the CPU)
     data_seed: int = 1234  # megatron-core's mock GPT dataset
 
 

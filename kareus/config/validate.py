@@ -279,12 +279,15 @@ def _nested_items(prefix: str, node: Any) -> list[str]:
 
 
 TRAIN_DEVICES = ("auto", "cpu", "cuda")
+TRAIN_COMMS = ("nccl", "mscclpp")
 
 
-def train_problems(train: Any) -> list[str]:
+def train_problems(train: Any, parallel: Any = None) -> list[str]:
     """``train.*`` values mode=train could not run with, one line each (checked in every mode, as every
     section is)."""
     import math
+
+    from kareus.runtime.mscclpp_comm import mscclpp_problem, sequence_parallel_problem
 
     if train is None:
         return []
@@ -302,6 +305,11 @@ def train_problems(train: Any) -> list[str]:
         out.append(f"train.lr: must be a positive number, got {train.lr}")
     if str(train.device) not in TRAIN_DEVICES:
         out.append(f"train.device: must be one of {', '.join(TRAIN_DEVICES)}, got {train.device!r}")
+    if str(train.comm) not in TRAIN_COMMS:
+        out.append(f"train.comm: must be one of {', '.join(TRAIN_COMMS)}, got {train.comm!r}")
+    elif train.comm == "mscclpp":
+        sp = parallel is not None and bool(parallel.sequence_parallel) and int(parallel.tp) > 1
+        out += [p for p in (mscclpp_problem("train.comm"), sequence_parallel_problem("train.comm", sp)) if p]
     return out
 
 
@@ -352,7 +360,7 @@ def validate(cfg: Any) -> dict[str, Any]:
         problems += validate_counter_period(typed["hardware"], typed["profiler"])
         if gpu is not None:
             problems += validate_unlocked_clock(typed["profiler"], typed.get("search"), gpu)
-    problems += train_problems(cfg.get("train"))
+    problems += train_problems(cfg.get("train"), cfg.get("parallel"))
     real = "hardware" in typed and measures_real_gpu(typed["hardware"])
     recorded = "hardware" in typed and bool(getattr(typed["hardware"], "recorded_space", lambda: False)())
     ctx = ValidationContext(gpu=gpu, parallel=cfg.parallel, model=model, mode=mode, real_gpu=real,

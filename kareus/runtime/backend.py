@@ -57,7 +57,7 @@ class CudaConfig(GPUConfig):
     device: str = "cuda"  # "cuda" or "cpu" (tests: wall-clock timing, no energy)
     device_index: int = -1  # CUDA device; -1 = LOCAL_RANK, else 0
     nvml_index: int = -1  # NVML index of that GPU; -1 = the GPU with the CUDA device's UUID
-    comm: str = "nccl"  # a COMM_BACKENDS name: nccl | gloo | copy
+    comm: str = "nccl"  # a COMM_BACKENDS name: nccl | mscclpp | gloo | copy
     energy: str = "nvml"  # nvml | zeus | none
     dtype: str = "bfloat16"
     head_dim: int = 128  # head dim assumed when sizing stand-in attention kernels (residual ops) from FLOPs and bytes
@@ -76,6 +76,12 @@ class CudaConfig(GPUConfig):
             out.append(f"hardware.device: must be 'cuda' or 'cpu', got {self.device!r}")
         if self.comm not in COMM_BACKENDS:
             out.append(f"hardware.comm: unknown comm backend {self.comm!r}; known: {', '.join(COMM_BACKENDS.names())}")
+        if self.comm == "mscclpp":
+            from kareus.runtime.mscclpp_comm import mscclpp_problem, sequence_parallel_problem
+
+            par = self.parallel if self.parallel is not None else getattr(ctx, "parallel", None)
+            sp = par is not None and bool(par.sequence_parallel) and int(par.tp) > 1
+            out += [p for p in (mscclpp_problem("hardware.comm"), sequence_parallel_problem("hardware.comm", sp)) if p]
         if self.energy not in ("nvml", "zeus", "none"):
             out.append(f"hardware.energy: must be nvml, zeus or none, got {self.energy!r}")
         if self.dtype not in ("bfloat16", "bf16", "float16", "fp16", "float32", "fp32"):

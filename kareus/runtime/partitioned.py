@@ -115,9 +115,9 @@ class PlanRuntime:
 
     def comm_summary(self, sms: Sequence[int]) -> str:
         """One line for the log: how the comm SM counts ``sms`` (a plan's) are applied."""
-        groups = getattr(self.comm, "sms_groups", ())
-        if groups:
-            return f"{len(groups)} comm SM counts, one NCCL communicator of the TP group each: {list(groups)}"
+        applied = getattr(self.comm, "applied", "")
+        if applied:
+            return applied
         if not sms:
             return "no comm SM counts to apply (Megatron's layout runs at the library's default)"
         return f"{len(sms)} comm SM counts {list(sms)} not applied: the process group is not NCCL"
@@ -341,32 +341,44 @@ BlockFunction = _Lazy(_block_function)  # torch is imported on first use, never 
 
 # -- collectives ---------------------------------------------------------------------------------------
 class CommIssuer:
-    """Issues one tensor-parallel collective asynchronously on the communicator of its SM count and
-    joins it. On a GPU the collective runs on a side stream that first waits for the main stream
-    (its producer and the ops before its slot), and the join makes the main stream wait for it."""
+    """Issues one tensor-parallel collective asynchronously with its planned SM count and joins it.
+    On a GPU the collective runs on a side stream that first waits for the main stream (its producer
+    and the ops before its slot), and the join makes the main stream wait for it.
 
-    def __init__(self, group_for: Callable[[int | None], Any], device: Any) -> None:
+    ``issue(kind, tensor, sms)`` launches the collective on the current stream and returns (a work to
+    wait on or None, the result or a function giving it); ``applied`` says, for the log, how SM counts
+    are applied."""
+
+    def __init__(self, issue: Callable[[str, Any, int | None], tuple[Any, Any]], device: Any,
+                 applied: str = "") -> None:
         import torch
 
-        self.group_for = group_for
+        self.issue = issue
         self.device = device
+        self.applied = applied
         self.cuda = getattr(device, "type", str(device)) == "cuda"
         self.main = torch.cuda.current_stream(device) if self.cuda else None
         self.side = torch.cuda.Stream(device) if self.cuda else None
 
     @classmethod
-    def for_device(cls, device: Any, sms_values: Sequence[int] = (), nccl: Any = None) -> "CommIssuer":
-        """Megatron's tensor-parallel group; on NCCL, one communicator of the TP group per SM count in
-        ``sms_values`` (CTAs fixed per communicator, ``kareus.runtime.comm.nccl_options``), created now on
-        every rank alike (group creation is collective over the world). Gloo: SMs do not apply."""
+    def for_device(cls, device: Any, sms_values: Sequence[int] = (), nccl: Any = None,
+                   backend: str = "nccl") -> "CommIssuer":
+        """Megatron's tensor-parallel group. ``backend="nccl"``: one communicator of the TP group per SM
+        count in ``sms_values`` (CTAs fixed per communicator, ``kareus.runtime.comm.nccl_options``), created
+        now on every rank alike (group creation is collective over the world); gloo: SMs do not apply.
+        ``backend="mscclpp"``: one MSCCL++ communicator of the TP group, the SM count per launch."""
         import torch.distributed as dist
         from megatron.core import parallel_state
 
         group = parallel_state.get_tensor_model_parallel_group()
+        if backend == "mscclpp":
+            from kareus.runtime.mscclpp_comm import mscclpp_issue
+
+            return cls(mscclpp_issue(group, device), device,
+                       f"comm SMs {sorted(set(int(s) for s in sms_values))} as MSCCL++ block counts per launch, "
+                       "one communicator of the TP group")
         if not sms_values or dist.get_backend(group) != "nccl":
-            issuer = cls(lambda sms: group, device)
-            issuer.sms_groups = ()
-            return issuer
+            return cls(lambda kind, t, sms: _issue(kind, t, group), device)
         from kareus.runtime.comm import NO_NCCL_CONFIG, CommSetupError, NCCLConfig, nccl_options
 
         mine = tuple(dist.get_process_group_ranks(group))
@@ -381,20 +393,18 @@ class CommIssuer:
                 g = dist.new_group(list(ranks), backend="nccl", pg_options=opts)
                 if ranks == mine:
                     groups[sms] = g
-        issuer = cls(lambda sms: group if sms is None else groups[int(sms)], device)
-        issuer.sms_groups = tuple(sorted(groups))
-        return issuer
+        return cls(lambda kind, t, sms: _issue(kind, t, group if sms is None else groups[int(sms)]), device,
+                   f"{len(groups)} comm SM counts, one NCCL communicator of the TP group each: {sorted(groups)}")
 
     def launch(self, kind: str, tensor: Any, sms: int | None) -> Any:
         import torch
 
-        group = self.group_for(sms)
         if not self.cuda:
-            return _issue(kind, tensor, group)
+            return self.issue(kind, tensor, sms)
         main = torch.cuda.current_stream(self.device)
         self.side.wait_stream(main)
         with torch.cuda.stream(self.side):
-            pending = _issue(kind, tensor, group)
+            pending = self.issue(kind, tensor, sms)
             done = torch.cuda.Event()
             done.record(self.side)
         tensor.record_stream(self.side)

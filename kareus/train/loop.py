@@ -72,6 +72,8 @@ class Trainer:
         cuda = torch.cuda.is_available() if want == "auto" else want == "cuda"
         if cuda and not torch.cuda.is_available():
             raise KareusError("train.device: cuda asked for, but torch sees no GPU; use train.device=cpu")
+        if self.tc.comm == "mscclpp" and not cuda:
+            raise KareusError("train.comm: mscclpp runs on GPUs only; use train.comm=nccl with train.device=cpu")
         self.device = self._start(cuda, int(cfg.seed))
         self.rank = torch.distributed.get_rank()
         stage = ps.get_pipeline_model_parallel_rank()
@@ -82,9 +84,9 @@ class Trainer:
             self.gpt.cuda(self.device)
         self.runtime.check_model(self.gpt.config)
         self.gpt.config.finalize_model_grads_func = finalize_grads
-        # one communicator per comm SM count the plan uses, created now on every rank alike
+        # the plan's comm SM counts: one NCCL communicator each (or MSCCL++'s per-launch blocks), made on every rank alike
         sms = plan_sms(tplan.plan) if tplan.plan is not None else []
-        self.runtime.comm = CommIssuer.for_device(self.device, sms)
+        self.runtime.comm = CommIssuer.for_device(self.device, sms, backend=str(self.tc.comm))
         if self.rank == 0:
             console.print(f"comm: {self.runtime.comm_summary(sms)}")
         gpu = typed["hardware"].gpu_spec()
