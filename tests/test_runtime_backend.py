@@ -229,16 +229,30 @@ def test_a_backend_that_names_the_model_measures_partitions_on_its_megatron_core
     assert not dist.is_initialized()  # the bench's one-rank group is gone with the backend
 
 
-def test_sequence_or_context_parallel_partitions_are_refused_before_any_candidate():
+def test_sequence_parallel_partitions_are_measured_and_context_parallel_ones_refused():
+    import torch.distributed as dist
+
     from kareus.runtime.backend import with_layout
 
+    if dist.is_initialized():
+        pytest.skip("a process group already exists in this process")
     model, parallel = _layer_layout()
     sp = dataclasses.replace(parallel, sequence_parallel=True)
-    b = CudaBackend(with_layout(CudaConfig(device="cpu", comm="copy"), model, sp))
-    lines = b.partition_problems(list(_layer_partitions(model, sp).values()))
-    assert lines and all(" parallel.sequence_parallel: the cuda backend measures tensor-parallel partitions "
-                         "without sequence parallelism" in line for line in lines)
-    assert b.cfg.problems()[0].startswith("parallel.sequence_parallel: ")
+    parts = _layer_partitions(model, sp)
+    b = CudaBackend(with_layout(CudaConfig(device="cpu", comm="copy", warmup=0, dtype="float32"), model, sp))
+    try:
+        assert b.cfg.problems() == [] and b.partition_problems(list(parts.values())) == []
+        for key, slot in (("fwd_attn_ag", "sequential"), ("bwd_qkvw_rs", None)):
+            p = parts[key]
+            c = Candidate(p.key, slot or p.slot_labels[-1], 4, b.gpu.max_mhz)
+            assert b.run_once(p, c) > 0, key
+        assert b.layer_bench().hidden.shape[0] == sp.seq_len // sp.tp  # one rank's sequence shard
+    finally:
+        b.close()
+    cp = dataclasses.replace(parallel, cp=2)
+    lines = CudaBackend(with_layout(CudaConfig(device="cpu", comm="copy"), model, cp)).cfg.problems()
+    assert len(lines) == 1 and lines[0].startswith("parallel.cp: the cuda backend measures partitions on one "
+                                                    "megatron-core layer at cp=1 only")
 
 
 def test_the_pipeline_builds_cuda_backends_with_the_runs_model_and_layout(compose, tmp_path):

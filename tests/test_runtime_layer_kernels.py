@@ -128,7 +128,7 @@ def test_a_partition_of_another_model_or_not_of_the_layer_is_refused(bench):
         partition_layout(other, MODEL, PARALLEL)
 
 
-@pytest.mark.parametrize("change,key", [({"sequence_parallel": True}, "parallel.sequence_parallel: "),
+@pytest.mark.parametrize("change,key", [({"sequence_parallel": True, "seq_len": 15}, "parallel.seq_len: "),
                                         ({"cp": 2}, "parallel.cp: "), ({"micro_batch_size": 3}, "parallel.micro_batch_size: ")])
 def test_layouts_one_layer_cannot_stand_in_for_are_refused_with_one_line(change, key):
     parallel = dataclasses.replace(PARALLEL, **change)
@@ -137,6 +137,35 @@ def test_layouts_one_layer_cannot_stand_in_for_are_refused_with_one_line(change,
     with pytest.raises(LayerBenchError, match="^" + key):
         LayerBench(MODEL, parallel, "cpu", torch.float32)
     assert bench_problems(MODEL, PARALLEL) == []
+
+
+def test_a_sequence_parallel_layer_runs_a_shard_through_norms_and_the_gathered_sequence_through_gemms():
+    """Under sequence parallelism one rank's shard goes in; its output equals megatron-core's layer on that
+    shard alone (the all-gather's stand-in repeats the shard, and causal attention over the first copy
+    sees the same tokens at the same positions); every partition's kernels run at the graph's shapes."""
+    parallel = dataclasses.replace(PARALLEL, sequence_parallel=True)
+    b = LayerBench(MODEL, parallel, "cpu", torch.float32, seed=2)
+    try:
+        shard = PARALLEL.seq_len // PARALLEL.tp
+        assert b.hidden.shape == (shard, 2, MODEL.hidden_size)
+        ref, _ = b.layer(hidden_states=b.hidden, attention_mask=b.call.mask[..., :shard, :shard],
+                         rotary_pos_emb=b.call.rotary[:shard])
+        torch.testing.assert_close(b.output, ref.detach(), rtol=1e-5, atol=1e-5)
+        types = {t.key: t for t in _partitions(MODEL, parallel)}
+        assert {"fwd_attn_ag", "fwd_attn_rs", "fwd_mlp_ag", "fwd_mlp_rs", "bwd_attn", "bwd_qkvw_rs"} <= set(types)
+        for p in types.values():
+            outs = {op.name: _clone(k()) for op, k in zip(p.compute, layer_kernels(p, b))}
+            for op in p.compute:
+                want = b.expected_shape(op)
+                if want is not None and op.name in ("qkv", "fc1", "attn_proj", "fc2"):
+                    assert outs[op.name][0].shape[:2] == (PARALLEL.seq_len, 2), (p.key, op.name)  # the gathered sequence
+            for name in ("input_norm", "pre_mlp_norm"):
+                if name in outs:
+                    assert outs[name][0].shape[0] == shard, (p.key, name)  # the shard
+            for op, kernel in zip(p.compute, layer_kernels(p, b)):
+                assert all(torch.equal(x, y) for x, y in zip(outs[op.name], kernel())), (p.key, op.name)
+    finally:
+        b.close()
 
 
 def test_layer_variants_build_and_reproduce_megatron_core():

@@ -31,10 +31,12 @@ Forward ops record their local autograd graphs as training's forward does under
 ``parallel.recompute: none`` and run without them under ``full`` (the forward pass of the forward
 instruction; the backward instruction's recompute records them).
 
-Sequence and context parallelism are refused (``bench_problems``): under sequence parallelism the
-norms and residual adds see ``seq / tp`` tokens and the GEMMs the gathered sequence, which one
-tensor-parallel-size-1 layer does not reproduce. torch and megatron-core are imported inside the
-functions only, so the planner imports this module without them.
+Under sequence parallelism the layer's input is one rank's ``seq / tp`` shard: norms, residual adds
+and their backward see the shard, GEMMs and attention the gathered sequence, as in training. On one
+rank each collective is stood in by ``one_rank`` (an all-gather repeats the shard, a reduce-scatter
+keeps the first shard), so every op gets its real shapes. Context parallelism is refused
+(``bench_problems``): its K/V exchange runs inside the attention kernel. torch and megatron-core are
+imported inside the functions only, so the planner imports this module without them.
 """
 from __future__ import annotations
 
@@ -61,10 +63,9 @@ def bench_problems(model: ModelSpec, parallel: ParallelSpec) -> list[str]:
     if parallel.cp > 1:
         out.append(f"parallel.cp: the cuda backend measures partitions on one megatron-core layer at cp=1 only, got "
                    f"cp={parallel.cp} (context-parallel attention exchanges K/V inside the attention kernel)")
-    if parallel.sequence_parallel and parallel.tp > 1:
-        out.append("parallel.sequence_parallel: the cuda backend measures tensor-parallel partitions without sequence "
-                   "parallelism only (its norms and residual adds would see seq_len/tp tokens); set "
-                   "parallel.sequence_parallel=false")
+    if _sequence_parallel(parallel) and parallel.seq_len % parallel.tp:
+        out.append(f"parallel.seq_len: {parallel.seq_len} does not split into tp={parallel.tp} sequence-parallel "
+                   "shards")
     if parallel.nanobatches < 1 or parallel.micro_batch_size % parallel.nanobatches:
         out.append(f"parallel.micro_batch_size: {parallel.micro_batch_size} does not split into "
                    f"{parallel.nanobatches} nanobatches")
@@ -80,6 +81,23 @@ def bench_problems(model: ModelSpec, parallel: ParallelSpec) -> list[str]:
     if model.norm not in ("rmsnorm", "layernorm"):
         out.append(f"model.norm: the layer bench runs rmsnorm or layernorm, got {model.norm!r}")
     return out
+
+
+def _sequence_parallel(parallel: ParallelSpec) -> bool:
+    return bool(parallel.sequence_parallel) and parallel.tp > 1
+
+
+def one_rank(kind: str, t: Any, tp: int) -> Any:
+    """What a collective over ``tp`` ranks hands one rank, with this rank's tensor standing in for every
+    rank's: an all-gather repeats it ``tp`` times along the sequence, a reduce-scatter keeps its first
+    shard, an all-reduce passes it on (the sizes of the real collective's result, the values of one rank)."""
+    import torch
+
+    if kind == "all_gather":
+        return torch.cat([t] * tp, dim=0)
+    if kind == "reduce_scatter":
+        return t.chunk(tp, dim=0)[0].contiguous()
+    return t
 
 
 # -- the process state megatron-core needs to build a layer ------------------------------------------------
@@ -216,7 +234,8 @@ class LayerBench:
 
         self.model, self.parallel = model, parallel
         self.device, self.dtype = torch.device(device), dtype
-        self.table = op_table(model.activation, model.qk_layernorm, False)
+        self.sp = _sequence_parallel(parallel)
+        self.table = op_table(model.activation, model.qk_layernorm, self.sp)
         self.order = {d: tuple(ops) for d, ops in _layer_ops(model, parallel).items()}  # the graph's order
         missing = sorted(n for names in self.order.values() for n in names if _entry(self.table, n) is None)
         if missing:
@@ -281,8 +300,8 @@ class LayerBench:
             rotary = torch.cat((freqs, freqs), dim=-1)[:, None, None, :]
         mask = torch.ones(self.seq_len, self.seq_len, dtype=torch.bool, device=self.device).triu(1)[None, None]
         self.call = Call(rotary=rotary, mask=mask)  # as GPTModel hands each layer (True: masked out)
-        self.hidden = torch.randn(self.seq_len, self.sequences, self.model.hidden_size, device=self.device,
-                                  dtype=self.dtype)
+        tokens = self.seq_len // self.parallel.tp if self.sp else self.seq_len  # a sequence-parallel shard
+        self.hidden = torch.randn(tokens, self.sequences, self.model.hidden_size, device=self.device, dtype=self.dtype)
         self.grad_output = torch.randn_like(self.hidden)
 
     def _prepare(self) -> None:
@@ -299,12 +318,14 @@ class LayerBench:
             else:
                 run_local(op, self.layer, self.call, env, INDEX, records)
             self._forward_collectives(env, name)
-        self.forward_state = _State(dict(env), {}, dict(records), {})
         self.output = env[(INDEX, "out")]
+        self._regather(env)  # the gathered inputs a GEMM's forward dropped, for the forward kernels
+        self.forward_state = _State(dict(env), {}, dict(records), {})
         grads: dict = {(INDEX, "out"): self.grad_output}
         param_grads: dict = {}
         self.backward_states: dict[str, _State] = {}
         for name in self.order[Direction.BWD]:
+            self._regather(env)
             self.backward_states[name] = _State(dict(env), dict(grads), dict(records), dict(param_grads))
             fwd, what = backward_name(name)
             op = self.table[fwd]
@@ -315,22 +336,32 @@ class LayerBench:
                     linear_wgrad(op, self.layer, env, grads, INDEX, param_grads)
             else:
                 backward_local(op, self.layer, grads, INDEX, records, param_grads, retain_graph=True)
-            for coll in self.table.values():  # one rank: a collective of the gradient passes it on unchanged
+            for coll in self.table.values():  # one rank: each collective of the gradient, as one_rank stands it in
                 if isinstance(coll, Collective) and coll.space == "grad" and (INDEX, coll.src) in grads:
-                    accumulate(grads, (INDEX, coll.dst), grads.pop((INDEX, coll.src)))
+                    accumulate(grads, (INDEX, coll.dst), one_rank(coll.kind, grads.pop((INDEX, coll.src)), self.parallel.tp))
         self.input_grad = grads.get((INDEX - 1, "out"))
         by_id = {id(p): n for n, p in self.layer.named_parameters()}
         self.param_grads = {by_id[k]: v for k, v in param_grads.items()}
 
     def _forward_collectives(self, env: dict, name: str) -> None:
-        """One rank: the forward collectives of op ``name``'s output leave it as it is."""
+        """One rank: the forward collectives of op ``name``'s output, as ``one_rank`` stands them in."""
         from kareus.runtime.layer_ops import Collective, Linear
 
         op = self.table[name]
         outs = (op.out,) if isinstance(op, Linear) else op.outs
         for coll in self.table.values():
             if isinstance(coll, Collective) and coll.space == "act" and coll.src in outs:
-                env[(INDEX, coll.dst)] = env[(INDEX, coll.src)]
+                env[(INDEX, coll.dst)] = one_rank(coll.kind, env[(INDEX, coll.src)], self.parallel.tp)
+
+    def _regather(self, env: dict) -> None:
+        """Under sequence parallelism a GEMM's forward drops its gathered input; the backward gathers it
+        again for the weight gradient (``*_regather_bwd``), as training does."""
+        from kareus.runtime.layer_ops import Collective
+
+        for coll in self.table.values():
+            if isinstance(coll, Collective) and coll.space == "act" and (INDEX, coll.dst) not in env \
+                    and (INDEX, coll.src) in env:
+                env[(INDEX, coll.dst)] = one_rank(coll.kind, env[(INDEX, coll.src)], self.parallel.tp)
 
     # -- checks ------------------------------------------------------------------------------------------------
     def check(self, partition: PartitionType) -> None:
