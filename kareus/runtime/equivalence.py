@@ -121,16 +121,19 @@ def _free_port() -> int:
 def launch(variant: str, seed: int = 0, timeout_s: float = 600.0) -> dict[str, Any]:
     """Run one variant's worker under torchrun on this machine; its JSON result (raises on failure)."""
     world = VARIANTS[variant][4]
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "result.json"
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}",
-               f"--master-port={_free_port()}", "--master-addr=127.0.0.1", "-m", "kareus.runtime.equivalence",
-               "--variant", variant, "--out", str(out), "--seed", str(seed)]
-        env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_DEVICE_MAX_CONNECTIONS="1")
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
-        if done.returncode != 0 or not out.exists():
-            raise RuntimeError(f"equivalence worker {variant} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
-        return json.loads(out.read_text())
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_DEVICE_MAX_CONNECTIONS="1")
+    for attempt in range(2):  # the free port can be taken before torchrun binds it: one more try on a new one
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "result.json"
+            cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}",
+                   f"--master-port={_free_port()}", "--master-addr=127.0.0.1", "-m", "kareus.runtime.equivalence",
+                   "--variant", variant, "--out", str(out), "--seed", str(seed)]
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+            if done.returncode == 0 and out.exists():
+                return json.loads(out.read_text())
+            if attempt == 1 or "address already in use" not in done.stderr.lower():
+                break
+    raise RuntimeError(f"equivalence worker {variant} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
 
 
 def main(argv: list[str] | None = None) -> None:
