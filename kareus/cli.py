@@ -324,7 +324,7 @@ def app(cfg: DictConfig) -> Any:
         if not isinstance(err, RefusedWithOutputs):
             _restore_kept()
         _JOB.refused.append(job)
-        return JobRefused(job)  # the sweep goes on; main() reports and exits 2 at its end
+        return JobRefused(job, str(err))  # the sweep goes on; main() reports and exits 2 at its end
     except Exception as err:  # noqa: BLE001  (a full disk is the machine's; anything else keeps its traceback)
         line = machine_failure(err)
         if line is None:

@@ -26,8 +26,9 @@ class JobRefused:
     """What a sweep job refused at run time returns (it printed its one line): the sweep goes on, the
     sweep's MLflow run counts the job as failed, and the command exits 2 once every job has run."""
 
-    def __init__(self, job: str) -> None:
+    def __init__(self, job: str, reason: str = "") -> None:
         self.job = job
+        self.reason = reason  # the refusal's line, for the table the sweep ends with
 
 
 class OutputClosed(BrokenPipeError):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from kareus.frontier import Frontier
+from kareus.frontier import Frontier, hypervolume_ratio
 from kareus.types import Measurement
 
 
@@ -34,12 +34,21 @@ class CandidateMeasured:
 
 @dataclass(frozen=True)
 class BatchFinished:
+    """``hypervolume`` (s x J) of the measured front against ``reference``, which one search holds fixed
+    from its first batch with numbers to its end (so live values never jump)."""
+
     partition: str
     batch: int
     profiled: int
     hypervolume: float
     predicted_gain: float | None = None
     predictions: list[dict[str, Any]] = field(default_factory=list, compare=False)
+    reference: tuple[float, float] | None = None
+
+    @property
+    def hypervolume_ratio(self) -> float | None:
+        """The share of the rectangle (0 s, 0 J)-``reference`` the front dominates (0..1)."""
+        return hypervolume_ratio(self.hypervolume, self.reference)
 
 
 @dataclass(frozen=True)
@@ -50,6 +59,12 @@ class SearchFinished:
     failed: int
     gpu_seconds: float
     hypervolume: float
+    reference: tuple[float, float] | None = None  # the same one as the search's BatchFinished events
+
+    @property
+    def hypervolume_ratio(self) -> float | None:
+        """The share of the rectangle (0 s, 0 J)-``reference`` the front dominates (0..1)."""
+        return hypervolume_ratio(self.hypervolume, self.reference)
 
 
 Event = SearchStarted | CandidateMeasured | BatchFinished | SearchFinished

@@ -41,6 +41,21 @@ def hypervolume_2d(times: Sequence[float], energies: Sequence[float], ref: tuple
     return float(moocore.hypervolume(p, ref=r)) if len(p) else 0.0
 
 
+def hypervolume_ratio(hypervolume: float, ref: tuple[float, float] | None) -> float | None:
+    """``hypervolume`` as the share of the rectangle from (0 s, 0 J) to ``ref`` that a front dominates.
+
+    Unitless and within 0..1 (1 only for a zero-time, zero-energy point), so a person can read it
+    without knowing the reference's scale; values are comparable only under the same ``ref``.
+    None without a positive, finite reference.
+    """
+    if ref is None:
+        return None
+    area = float(ref[0]) * float(ref[1])
+    if not (np.isfinite(area) and area > 0 and ref[0] > 0):
+        return None
+    return float(hypervolume) / area
+
+
 @dataclass(frozen=True)
 class Frontier:
     """Pareto points sorted by time (energy strictly falls along it). ``objective`` names the energy."""

@@ -620,11 +620,15 @@ def test_a_refused_job_in_a_reused_sweep_folder_leaves_the_earlier_jobs_as_they_
     assert kareus(tmp_path, "-m", *tiny, "seed=0", timeout=240).returncode == 0
     job = tmp_path / "runs" / "sweep" / "0"
     before = {p: p.read_bytes() for p in sorted(job.rglob("*")) if p.is_file()}
+    tables = {p: p.read_bytes() for p in (tmp_path / "runs" / "sweep").glob("sweep_summary.*")}
     res = kareus(tmp_path, "-m", *tiny, "seed=0,1", "resume=runs/nowhere", timeout=240)
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-3000:]
     assert error_lines(res.stderr)[-1].startswith("error: 2 of 2 sweep jobs were refused")
     assert {p: p.read_bytes() for p in sorted(job.rglob("*")) if p.is_file()} == before
-    assert sorted(p.name for p in (tmp_path / "runs" / "sweep").iterdir()) == ["0", "multirun.yaml"]
+    assert sorted(p.name for p in (tmp_path / "runs" / "sweep").iterdir()) == [
+        "0", "multirun.yaml", "sweep_summary.csv", "sweep_summary.json"]
+    # the first sweep's table stays: the refused sweep's jobs left no results of their own
+    assert {p: p.read_bytes() for p in tables} == tables and len(tables) == 2
     # a job refused for its folder's journal names what differs from the config that wrote it
     res = kareus(tmp_path, "-m", *tiny, "seed=1", timeout=240)
     lines = [ln for ln in error_lines(res.stderr) if ln.startswith("error: job 0")]

@@ -76,6 +76,21 @@ def test_mission_command_writes_frontiers_plans_and_record(mission_run):
         run_dir = con.execute("SELECT value FROM tags WHERE key = 'run_dir'").fetchone()[0]
     assert counts == {"reference.iteration_time_s": 1, "reference.iteration_energy_j": 1, "profiled_candidates": 1}
     assert Path(run_dir) == run.resolve()  # the run, found from MLflow, to resume or read
+    # one id names the selected plan in its file name, the CSV, summary.json, the terminal and MLflow
+    sid, file = out["selected"]["plan"], out["selected"]["plan_file"]
+    [row] = [r for r in frontier if r["plan"] == sid]
+    assert file == row["plan_file"] == f"plans/plan_{sid}.yaml" and (run / file).read_text() == \
+        (run / "plan_selected.yaml").read_text()
+    assert f"selected plan {sid} (" in res.stdout and f"│ plan {sid} " in res.stdout
+    # one sign: a saving is positive when better, the same number in summary.json, the CSV and MLflow
+    with sqlite3.connect(cwd / "runs" / "mlflow.db") as con:
+        metrics = dict(con.execute("SELECT key, value FROM metrics WHERE key LIKE 'plan.%saving_pct'").fetchall())
+        tag = con.execute("SELECT value FROM tags WHERE key = 'plan.id'").fetchone()[0]
+    assert tag == sid and out["selected"]["time_saving_pct"] > 0  # the fastest plan beats Megatron's time
+    for what in ("time", "energy"):
+        got = out["selected"][f"{what}_saving_pct"]
+        assert float(row[f"{what}_saving_pct"]) == pytest.approx(got, abs=1e-4)
+        assert metrics[f"plan.{what}_saving_pct"] == pytest.approx(got)
     assert "Megatron" in res.stdout and "simulated" in res.stdout
     assert (cwd / "runs" / "mlflow.db").is_file()
 

@@ -116,3 +116,35 @@ def test_a_one_point_front_scores_the_same_in_any_unit():
 def test_normalise_maps_ideal_and_nadir():
     out = normalise([[2.0, 10.0], [4.0, 30.0]], ideal=(2.0, 10.0), nadir=(4.0, 30.0))
     np.testing.assert_allclose(out, [[0, 0], [1, 1]])
+
+
+def test_hypervolume_ratio_is_the_share_of_the_reference_rectangle():
+    from kareus.frontier import hypervolume_ratio
+
+    assert hypervolume_ratio(brute_hv([(5.0, 5.0)]), REF) == pytest.approx(0.25)
+    assert hypervolume_ratio(0.0, REF) == 0.0
+    assert hypervolume_ratio(1.0, None) is None and hypervolume_ratio(1.0, (0.0, 10.0)) is None
+
+
+@pytest.mark.parametrize("searcher", ["random", "mbo"])
+def test_live_ratio_never_falls_and_ends_at_the_final_one(tmp_path, searcher):
+    """The live value used a reference fixed by the first batch and the final one 1.1 x the maxima of
+    every measurement: the terminal's number jumped when a partition ended. Both now use one reference."""
+    from kareus.config.hashing import stable_hash
+    from kareus.events import BatchFinished, SearchFinished
+    from kareus.hardware.tables import window_partition
+    from kareus.launch import PartitionSearchTask, run_search_task
+
+    search = {"name": searcher, "budget": 20}
+    profiler = {"cooldown": {"name": "fixed", "seconds": 1.0}, "frequency": {"name": "sim"}}
+    task = PartitionSearchTask(partition=window_partition(-1), hardware={"name": "sim"}, search=search,
+                               profiler=profiler, seed=3, journal_path=str(tmp_path / "journal.sqlite"),
+                               config_hash=stable_hash({"search": search, "profiler": profiler}))
+    events: list = []
+    result = run_search_task(task, listeners=[events.append])
+    batches = [e for e in events if isinstance(e, BatchFinished)]
+    [finished] = [e for e in events if isinstance(e, SearchFinished)]
+    assert len(batches) >= 2 and {e.reference for e in batches} == {finished.reference} == {result.reference}
+    ratios = [e.hypervolume_ratio for e in batches]
+    assert all(0 < r < 1 for r in ratios) and ratios == sorted(ratios)
+    assert finished.hypervolume_ratio == pytest.approx(ratios[-1])

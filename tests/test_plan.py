@@ -71,6 +71,39 @@ def test_one_plan_per_frontier_point_with_predictions(frontier, plans):
                for p in plans for st in p.stages)
 
 
+def test_plan_ids_depend_on_the_frontier_alone(frontier, plans):
+    """A plan's id names what it runs: the same frontier gives the same ids however its points were
+    found, and a plan another run's frontier holds too keeps its id there, though a point more or less
+    (a deadline asked for adds solves) shifts every position after it."""
+    ids = [p.id for p in plans]
+    assert len(set(ids)) == len(ids) and all(re.fullmatch(r"[0-9a-f]{8}", i) for i in ids)
+    found = frontier.assignments()
+    again = IterationFrontier.from_assignments(found[::-1] + found[:3], frontier.model, frontier.composer)
+    assert [p.id for p in make_plans(again, config_hash="other", hardware="sim:h100")] == ids
+    fewer = IterationFrontier.from_assignments(found[1:], frontier.model, frontier.composer)
+    assert [p.id for p in make_plans(fewer, config_hash="abc123", hardware="sim:a100")] == ids[1:]
+    # neither the predicted numbers nor how a plan groups its microbatches name it
+    p = plans[-1]
+    one_by_one = tuple(dataclasses.replace(st, instructions=tuple(
+        dataclasses.replace(ins, microbatches=(m,), time_s=ins.time_s * 2) for ins in st.instructions
+        for m in ins.microbatches)) for st in p.stages)
+    assert dataclasses.replace(p, stages=one_by_one, index=99, predicted_time_s=1.0).id == p.id
+    # another clock for one instruction is another plan
+    st = p.stages[0]
+    moved = dataclasses.replace(st, instructions=(dataclasses.replace(st.instructions[0], freq_mhz=1),
+                                                  *st.instructions[1:]))
+    assert dataclasses.replace(p, stages=(moved, *p.stages[1:])).id != p.id
+
+
+def test_two_plans_under_one_id_are_refused_not_written_over_each_other(tmp_path, plans):
+    from kareus.errors import KareusError
+
+    a, b = (dataclasses.replace(p) for p in plans[:2])
+    a.__dict__["id"] = b.__dict__["id"] = "deadbeef"  # a hash collision, forced
+    with pytest.raises(KareusError, match="share the id deadbeef"):
+        write_run_outputs(tmp_path, [a, b])
+
+
 def test_plan_time_equals_event_simulation_and_energy_matches(plans):
     """Independent event simulation (stage queues + hand-off rules), not the composer's DAG sweep."""
     for p in plans:
@@ -261,7 +294,8 @@ def test_run_outputs_replace_an_earlier_runs_plans(tmp_path, plans):
     write_run_outputs(tmp_path, plans, plans[0])
     (tmp_path / "plans" / "notes.txt").write_text("the user's")
     write_run_outputs(tmp_path, plans[:2], None)
-    assert sorted(p.name for p in (tmp_path / "plans").iterdir()) == ["notes.txt", "plan_000.yaml", "plan_001.yaml"]
+    assert sorted(p.name for p in (tmp_path / "plans").iterdir()) == sorted(
+        ["notes.txt", f"plan_{plans[0].id}.yaml", f"plan_{plans[1].id}.yaml"])
     assert not (tmp_path / "plan_selected.yaml").exists()
 
 
@@ -359,13 +393,13 @@ def test_equal_time_pairs_each_baseline_point_with_the_least_energy_plan_within_
     import csv
 
     got = list(csv.DictReader(write_equal_time_csv(tmp_path / "b.csv", rows).open()))
-    assert [g["plan"] for g in got] == ["", str(rows[1].plan.index), str(cheapest.index)]
+    assert [g["plan"] for g in got] == ["", rows[1].plan.id, cheapest.id]
     from rich.console import Console
 
     console = Console(record=True, width=140)
     console.print(equal_time_table(rows, "vs baseline", max_rows=2))
     text = console.export_text()
-    assert "none this fast" in text and f"plan {cheapest.index:03d}" in text and "vs baseline" in text
+    assert "none this fast" in text and f"plan {cheapest.id}" in text and "vs baseline" in text
 
 
 def test_a_plan_summary_says_its_clocks_and_partition_settings(plans):

@@ -62,3 +62,65 @@ def test_iteration_hypervolume_and_grid_plots(tmp_path):
     w, h = _png_size(plots.plot_frontiers({f"stage{i}.fwd": it for i in range(4)}, tmp_path / "grid.png",
                                           references={"stage0.fwd": (1.02, 1050.0)}))
     assert w > h  # 4 panels: 3 columns, 2 rows
+
+
+def _overlaps(a, b) -> bool:
+    return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+
+def _figures():
+    rows, frontier = _rows()
+    it = Frontier.from_arrays([1.0, 1.1, 1.3], [1000.0, 900.0, 850.0])
+    return {"partition": plots.partition_frontier_figure(rows, frontier, note="hardware: sim (simulated)"),
+            "hypervolume": plots.hypervolume_figure([8, 16, 24], [0.5, 0.52, 0.53], budget=30,
+                                                    reference=(3e-3, 0.6)),
+            "iteration": plots.iteration_frontier_figure(it, reference=(1.02, 1050.0), selected=(1.1, 900.0),
+                                                         baseline=Frontier.from_arrays([1.02], [1050.0])),
+            "grid": plots.frontiers_figure({"stage0.fwd": it, "stage0.bwd": it},
+                                           references={"stage0.fwd": (1.02, 1050.0)})}
+
+
+@pytest.mark.parametrize("name", ["partition", "hypervolume", "iteration", "grid"])
+def test_legends_sit_outside_every_axes(name):
+    """A legend in the data area covered measured points (upper right, where slow, costly ones lie)."""
+    fig = _figures()[name]
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    assert fig.legends and all(ax.get_legend() is None for ax in fig.axes)
+    for legend in fig.legends:
+        box = legend.get_window_extent(renderer)
+        assert not any(_overlaps(box, ax.get_window_extent(renderer)) for ax in fig.axes)
+
+
+def test_hypervolume_plot_is_a_ratio_from_zero_to_one():
+    """The raw s x J axis was zoomed to 0.01160-0.01180: a 0.1% gain filled the plot."""
+    fig = plots.hypervolume_figure([8, 16, 24], [0.5, 0.5004, 0.5006], reference=(3e-3, 0.6))
+    [ax] = fig.axes
+    assert ax.get_ylim() == (0.0, 1.0) and "ratio" in ax.get_ylabel()
+    assert "(0, 0)-(3 ms, 600 mJ)" in fig.legends[0].get_title().get_text()
+
+
+def test_microbatch_panels_share_one_time_unit_and_clip_negative_energy():
+    """Panels in s beside panels in ms read as one scale; a negative dynamic energy stretched the axis."""
+    fwd = Frontier.from_arrays([0.2, 0.4, 0.6], [20.0, 2.0, -3.0])  # ms-sized alone
+    bwd = Frontier.from_arrays([0.5, 0.8, 1.1], [40.0, 10.0, -0.5])
+    fig = plots.frontiers_figure({"stage0.fwd": fwd, "stage0.bwd": bwd}, energy="dynamic energy")
+    assert {ax.get_xlabel() for ax in fig.axes} == {"time (s)"}
+    assert {ax.get_ylabel() for ax in fig.axes} == {"dynamic energy (J)"}
+    for ax in fig.axes:
+        frontier_line, clipped = ax.get_lines()
+        assert min(frontier_line.get_ydata()) == 0.0
+        assert list(clipped.get_ydata()) == [0.0] and clipped.get_marker() == "v"
+        assert ", 1 at 0 J)" in ax.get_title()
+    assert "2 points with dynamic energy below 0 J drawn at 0" in fig.get_suptitle()
+    assert plots.clip_energies([1.0, -2.0, 0.0]) == ([1.0, 0.0, 0.0], 1)
+
+
+def test_a_one_point_baseline_at_the_reference_stays_visible():
+    """A 1-point Perseus frontier at Megatron's own setting was hidden under the filled reference star."""
+    it = Frontier.from_arrays([1.0, 1.1], [1000.0, 900.0])
+    fig = plots.iteration_frontier_figure(it, reference=(1.02, 1050.0), baseline=Frontier.from_arrays([1.02], [1050.0]))
+    [ax] = fig.axes
+    lines = {line.get_label().split(" (")[0]: line for line in ax.get_lines()}
+    star, perseus = lines["Megatron"], lines["Megatron + Perseus"]
+    assert star.get_markerfacecolor() == "none" and star.get_zorder() < perseus.get_zorder()

@@ -44,7 +44,7 @@ def test_rich_progress_tracks_each_partition():
         for event in events[6:]:
             progress(event)
         task = progress.progress.tasks[progress.tasks["fwd_attn"]]
-        assert task.completed == 8 and task.fields["hv"] == f"{events[-1].hypervolume:.4g}"
+        assert task.completed == 8 and task.fields["hv"] == f"{events[-1].hypervolume_ratio:.4f}"
         assert task.fields["status"] == "done" and progress.progress.tasks[progress.tasks["bwd_mlp"]].fields["status"] == ""
         assert progress.progress.tasks[progress.tasks["bwd_mlp"]].completed == 4
     text = out.getvalue()

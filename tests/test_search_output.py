@@ -2,7 +2,10 @@
 import csv
 import json
 
+import pytest
+
 import kareus.search  # noqa: F401
+from kareus.events import BatchFinished
 from kareus.registry import SEARCHERS
 from kareus.search.base import SearchProblem
 from kareus.search.output import FRONTIER_COLUMNS, write_search_outputs
@@ -15,7 +18,9 @@ def test_write_search_outputs(tmp_path):
     space = build_space(part, SYNTH_GPU, SpaceConfig(sms=[4, 8, 12]))
     fail = {space[0], space[5]}
     gpu = SyntheticGPU(part, fail=fail)
-    prob = SearchProblem(part, space, gpu.evaluate, 40, 0, SYNTH_GPU.static_power_w, [space[0], space[5], space[9]])
+    events = []
+    prob = SearchProblem(part, space, gpu.evaluate, 40, 0, SYNTH_GPU.static_power_w, [space[0], space[5], space[9]],
+                         emit=events.append)
     res = SEARCHERS.build("random", config={"seed": 0}).run(prob)
     summary = write_search_outputs(tmp_path, [res], {"fwd_x": len(space)})
 
@@ -34,6 +39,12 @@ def test_write_search_outputs(tmp_path):
     assert doc == json.loads(json.dumps(summary))
     e = doc["fwd_x"]
     assert (e["space"], e["profiled"], e["failed"]) == (len(space), 40, 2)
-    ok = [m for m in res.measurements if not m.failed]
-    assert e["reference"] == [1.1 * max(m.time_s for m in ok), 1.1 * max(m.energy_j for m in ok)]
+    # one reference for the whole search: fixed by its first batch with numbers (the initial design,
+    # whose one non-failed profile is space[9]); the live values and this summary both use it
+    first = next(m for m in res.measurements if m.candidate == space[9])
+    assert e["reference"] == [1.1 * first.time_s, 1.1 * first.energy_j] == list(res.reference)
     assert e["hypervolume"] > 0
+    assert e["hypervolume_ratio"] == pytest.approx(e["hypervolume"] / (e["reference"][0] * e["reference"][1]))
+    batches = [ev for ev in events if isinstance(ev, BatchFinished)]
+    assert all(ev.reference == res.reference for ev in batches)
+    assert batches[-1].hypervolume_ratio == pytest.approx(e["hypervolume_ratio"])  # live ends where final is

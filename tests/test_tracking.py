@@ -112,20 +112,17 @@ def test_partition_listener_logs_candidates_batches_frontier_and_plots(store, cl
     hv = client.get_metric_history(listener.run_id, "hypervolume")
     assert sorted(m.step for m in hv) == [4, 8, 12]
     assert [m.value for m in sorted(hv, key=lambda m: m.step)] == sorted(m.value for m in hv)  # never falls
-    # the same curve against the final reference (1.1 x the maxima of every measurement, as the terminal
-    # and search_summary.json state it), so its last point is the search's reported hypervolume
-    from kareus.frontier import hypervolume_2d
-    from kareus.search.common import reference_point
-
-    ok = [e.measurement for e in events if type(e).__name__ == "CandidateMeasured" and not e.measurement.failed]
-    ref = reference_point([m.time_s for m in ok], [m.energy_j for m in ok])
-    at_final = sorted(client.get_metric_history(listener.run_id, "hypervolume_at_final_reference"),
-                      key=lambda m: m.step)
-    assert [m.step for m in at_final] == [4, 8, 12]
-    assert at_final[-1].value == pytest.approx(hypervolume_2d([m.time_s for m in ok], [m.energy_j for m in ok], ref))
-    early = [e.measurement for e in events
-             if type(e).__name__ == "CandidateMeasured" and e.index < 4 and not e.measurement.failed]
-    assert at_final[0].value == pytest.approx(hypervolume_2d([m.time_s for m in early], [m.energy_j for m in early], ref))
+    # the ratio: the same values as a share of the rectangle (0 s, 0 J)-reference, one reference from the
+    # first batch to the end, so the live curve's last point is the search's final value (no jump)
+    ratio = sorted(client.get_metric_history(listener.run_id, "hypervolume_ratio"), key=lambda m: m.step)
+    assert [m.step for m in ratio] == [4, 8, 12]
+    assert all(0 < m.value < 1 for m in ratio) and [m.value for m in ratio] == sorted(m.value for m in ratio)
+    final = client.get_run(listener.run_id).data.metrics
+    assert ratio[-1].value == pytest.approx(final["hypervolume_ratio_final"])
+    ref = (final["hypervolume_reference_time_s"], final["hypervolume_reference_energy_j"])
+    assert ref == pytest.approx(events[-1].reference)
+    assert final["hypervolume_ratio_final"] == pytest.approx(final["hypervolume_final"] / (ref[0] * ref[1]))
+    assert "hypervolume_at_final_reference" not in final  # one reference: nothing to recompute
 
     files = _artifacts(client, listener.run_id)
     assert {"candidates.csv", "candidates.json", "frontier.csv", "frontier.json", "plots/frontier.png",
@@ -167,9 +164,15 @@ def test_frontiers_plan_and_summary(store, client, tmp_path):
     tracker.end()
     run = client.get_run(run_id)
     m = run.data.metrics
-    assert m["savings.energy_pct"] == pytest.approx(100 * (1 - 900 / 1050))
+    # savings named as in summary.json, positive = better: 1.1 s is slower than 1.02 s, 900 J is less than 1050 J
+    assert m["plan.energy_saving_pct"] == pytest.approx(100 * (1 - 900 / 1050)) and m["plan.energy_saving_pct"] > 0
+    assert m["plan.time_saving_pct"] == pytest.approx(100 * (1 - 1.1 / 1.02)) and m["plan.time_saving_pct"] < 0
+    assert not any(k.startswith("savings.") for k in m)
     assert m["profiling_gpu_hours_simulated"] == pytest.approx(2.0) and m["profiled_candidates"] == 40
     assert m["iteration.frontier_points"] == 3 and m["iteration.hypervolume"] > 0
+    # the share of the rectangle (0 s, 0 J)-Megatron that the frontier dominates
+    assert 0 < m["iteration.hypervolume_ratio"] < 1
+    assert m["iteration.hypervolume_ratio"] == pytest.approx(m["iteration.hypervolume"] / (1.02 * 1050.0))
     assert run.data.tags["selection"] == "min_energy"
     files = _artifacts(client, run_id)
     assert {"plan/plan.yaml", "plots/iteration_frontier.png", "plots/microbatch_frontiers.png",
@@ -177,6 +180,18 @@ def test_frontiers_plan_and_summary(store, client, tmp_path):
             "frontiers/microbatch/stage0.bwd.csv", "frontiers/perseus.csv", "frontiers/perseus.json"} <= files
     rows = list(csv.DictReader(io.StringIO(_text(client, run_id, "frontiers/iteration.csv"))))
     assert [r["plan"] for r in rows] == ["0", "1", "2"]
+
+
+def test_the_frontier_plot_states_the_savings_the_metrics_hold():
+    """One sign everywhere: the plot read 'energy -19.3%' where the terminal said a +19.30% saving."""
+    from kareus.tracking import plots
+
+    it = Frontier.from_arrays([1.0, 1.1], [1000.0, 900.0])
+    fig = plots.iteration_frontier_figure(it, reference=(1.02, 1050.0), selected=(1.1, 900.0))
+    m = summary_metrics(1.1, 900.0, 1.02, 1050.0)
+    [note] = [t.get_text() for ax in fig.axes for t in ax.texts if t.get_text().startswith("saving vs")]
+    assert f"time {m['plan.time_saving_pct']:+.1f}%" in note and m["plan.time_saving_pct"] < 0  # slower
+    assert f"energy {m['plan.energy_saving_pct']:+.1f}%" in note and m["plan.energy_saving_pct"] > 0  # less energy
 
 
 def test_end_closes_partition_runs_left_open(store, client):

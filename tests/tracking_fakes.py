@@ -37,10 +37,10 @@ def search_events(partition: str, n: int = 12, batch: int = 4, failed_at: int | 
                                         gpu_seconds=0.25 * (i + 1)))
         if (i + 1) % batch == 0:
             hv = hypervolume_2d([x.time_s for x in ok], [x.energy_j for x in ok], ref)
-            events.append(BatchFinished(partition, (i + 1) // batch, i + 1, hv, predicted_gain=0.1))
+            events.append(BatchFinished(partition, (i + 1) // batch, i + 1, hv, predicted_gain=0.1, reference=ref))
     frontier = Frontier.from_points(FrontierPoint(m.time_s, m.energy_j, m) for m in ok)
     events.append(SearchFinished(partition, frontier, n, 1 if failed_at is not None and failed_at < n else 0,
-                                 0.25 * n, hv))
+                                 0.25 * n, hv, reference=ref))
     return events
 
 

@@ -542,12 +542,17 @@ def _job_label(job: Sequence[str], swept: set[str]) -> str:
     return " ".join(j for j in job if j.partition("=")[0] in swept) or " ".join(job)
 
 
-def sweep_job_label(num: int, job: Sequence[str], argv: Sequence[str]) -> str:
-    """``job N (swept values)`` for a running sweep job, named as ``override_problems`` names it."""
+def swept_override_keys(argv: Sequence[str]) -> set[str]:
+    """The keys the command line gives several values (``search.passes``, ``+experiment``); a running
+    sweep's overrides parsed, so they parse again."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    call = _split_args(argv)  # the job runs, so its overrides parsed
-    swept = set() if call is None else {o.get_key_element() for o in
-                                        OverridesParser.create().parse_overrides(call.overrides)
-                                        if o.is_sweep_override()}
-    return f"job {num} ({_job_label(job, swept)})"
+    call = _split_args(argv)
+    return set() if call is None else {o.get_key_element() for o in
+                                       OverridesParser.create().parse_overrides(call.overrides)
+                                       if o.is_sweep_override()}
+
+
+def sweep_job_label(num: int, job: Sequence[str], argv: Sequence[str]) -> str:
+    """``job N (swept values)`` for a running sweep job, named as ``override_problems`` names it."""
+    return f"job {num} ({_job_label(job, swept_override_keys(argv))})"

@@ -91,9 +91,14 @@ def thermal_device(task: PartitionSearchTask, backend: Any) -> str:
     task's own; shared, it would make a parallel launcher's frontiers depend on which worker
     journaled first.
     """
-    if is_real_gpu(task.hardware) and task.hardware.get("device", "cuda") != "cpu":
+    return thermal_device_of(task.hardware, task.partition.key, backend)
+
+
+def thermal_device_of(hardware: dict[str, Any], partition: str, backend: Any) -> str:
+    """``thermal_device`` from the hardware section and the partition's key (a drift check names it too)."""
+    if is_real_gpu(hardware) and hardware.get("device", "cuda") != "cpu":
         return str(getattr(backend, "device_id", "") or backend.name)
-    return f"{backend.name}/{task.partition.key}"
+    return f"{backend.name}/{partition}"
 
 
 def _search(task: PartitionSearchTask, backend: Any, bus: Any) -> SearchResult:
@@ -101,7 +106,7 @@ def _search(task: PartitionSearchTask, backend: Any, bus: Any) -> SearchResult:
     from kareus.profiler import Journal, Profiler, ProfilerConfig
     from kareus.registry import SEARCHERS, to_dataclass
     from kareus.search import SearchProblem, budget_for, build_space
-    from kareus.search.common import reference_point
+    from kareus.search.common import result_reference
 
     entry = SEARCHERS.get(task.search["name"])
     scfg = to_dataclass(entry.config_cls, task.search) if entry.config_cls is not None else None
@@ -127,14 +132,12 @@ def _search(task: PartitionSearchTask, backend: Any, bus: Any) -> SearchResult:
             if hasattr(result, "gpu_seconds") and not result.gpu_seconds:
                 result.gpu_seconds = profiler.gpu_seconds(part.key)
             ok = [m for m in result.measurements if not m.failed]
-            hv = 0.0
-            if ok and len(result.frontier):
-                ref = reference_point([m.time_s for m in ok], [m.energy_j for m in ok])
-                hv = result.frontier.hypervolume(ref)
+            ref = result_reference(result)  # the live values' reference: the final value continues them
+            hv = result.frontier.hypervolume(ref) if ref is not None and len(result.frontier) else 0.0
             result.gpu_seconds = profiler.gpu_seconds(part.key)
             result.measured_now, result.measured_now_gpu_seconds = profiler.measured_now(part.key)
             bus.emit(SearchFinished(part.key, result.frontier, len(result.measurements),
-                                    len(result.measurements) - len(ok), result.gpu_seconds, hv))
+                                    len(result.measurements) - len(ok), result.gpu_seconds, hv, reference=ref))
     finally:
         journal.close()
     return result

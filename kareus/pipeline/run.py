@@ -120,6 +120,7 @@ def _search_and_plan_on(ctx: RunContext, console: Console, compose: bool, backen
         now_seconds = sum(r.measured_now_gpu_seconds for r in results)
         summary.update(search=search_summary, profiled=profiled, profiling_gpu_seconds=gpu_seconds,
                        measured_now=now, measured_now_gpu_seconds=now_seconds)
+        summary.update(getattr(launcher, "summary", dict)())  # launcher=ray on several nodes: per-node GPU-hours
         _print_search_summary(console, search_summary, gpu_seconds, ctx)
         if ctx.cfg.get("resume") and profiled:  # what the journal answered, apart from what this run paid for
             label = _hours_label(ctx)
@@ -187,7 +188,7 @@ def _compose_and_plan(ctx: RunContext, console: Console, backend: Any, results: 
     from kareus.pipeline.composing import compose, measure_fixed_work, measure_perseus_space
     from kareus.plan import PlanSelectionError, frontier_table, make_plans, select_plan, write_run_outputs
     from kareus.plan.model import MadeFor
-    from kareus.plan.report import compared_to, plan_summary
+    from kareus.plan.report import compared_to, plan_file, plan_summary, saving_pct
     from kareus.profiler import Journal, Profiler, ProfilerConfig
     from kareus.registry import to_dataclass
     from kareus.tracking import summary_metrics
@@ -240,14 +241,16 @@ def _compose_and_plan(ctx: RunContext, console: Console, backend: Any, results: 
                                                     ref_e, simulated=ctx.simulated).items()
                    if not k.startswith("reference.")}
         switches = selected.switches
-        tracker.log_summary({**metrics, "plan.clock_switches": switches})
-        out["selected"] = {"time_s": selected.predicted_time_s, "energy_j": selected.predicted_energy_j,
-                           "time_saving_pct": 100 * (1 - selected.predicted_time_s / ref_t),
-                           "energy_saving_pct": 100 * (1 - selected.predicted_energy_j / ref_e),
+        tracker.log_summary({**metrics, "plan.clock_switches": switches}, tags={"plan.id": selected.id})
+        # savings against Megatron in percent, positive = better, as in the tables, CSVs and MLflow
+        out["selected"] = {"plan": selected.id, "plan_file": plan_file(selected),
+                           "time_s": selected.predicted_time_s, "energy_j": selected.predicted_energy_j,
+                           "time_saving_pct": saving_pct(ref_t, selected.predicted_time_s),
+                           "energy_saving_pct": saving_pct(ref_e, selected.predicted_energy_j),
                            "clock_switches": switches}
         s = out["selected"]
         gpus = selected.num_stages * selected.gpus_per_stage
-        console.print(f"selected plan ({_selection_rule(ctx.typed['plan'])}): {s['time_s']:.4f} s and "
+        console.print(f"selected plan {selected.id} ({_selection_rule(ctx.typed['plan'])}): {s['time_s']:.4f} s and "
                       f"{s['energy_j']:,.1f} J per iteration (energy of all {gpus} GPUs), "
                       f"{compared_to(s['time_saving_pct'], 'faster', 'slower')} and "
                       f"{compared_to(s['energy_saving_pct'], 'less energy', 'more energy')} than Megatron ({label}); "
@@ -286,7 +289,7 @@ def _against_perseus(ctx: RunContext, console: Console, comp: Any, plans: list, 
         points = int(s["baseline_points"])
         over = (f"{s['energy_saving_min_pct']:+.1f}% to {s['energy_saving_max_pct']:+.1f}% over its {points} points"
                 if points > 1 else f"{s['energy_saving_min_pct']:+.1f}% at its one point")
-        console.print(f"against Megatron + Perseus at equal time: energy saved {at}{over} ({label})")
+        console.print(f"against Megatron + Perseus at equal time: energy saving {at}{over} ({label})")
         console.print(f"Megatron + Perseus' own profiles: {gpu_seconds / 3600:.2f} {_hours_label(ctx)}GPU-hours")
         if n_clocks < 2:
             console.print("note: the search space has one clock (search.space.freq_mhz), so Megatron + Perseus "

@@ -26,6 +26,7 @@ class EqualTime:
 
     @property
     def energy_saving_pct(self) -> float | None:
+        """The plan's energy saving against the baseline point, positive = less energy."""
         if self.plan is None or self.baseline_energy_j <= 0:
             return None
         return 100.0 * (1.0 - self.plan.predicted_energy_j / self.baseline_energy_j)
@@ -74,7 +75,7 @@ def write_equal_time_csv(path: str | Path, rows: Sequence[EqualTime]) -> Path:
         w.writerow(["time_s", "energy_j", "plan", "plan_time_s", "plan_energy_j", "energy_saving_pct"])
         for r in rows:
             p, s = r.plan, r.energy_saving_pct
-            w.writerow([exact(r.baseline_time_s), exact(r.baseline_energy_j), "" if p is None else p.index,
+            w.writerow([exact(r.baseline_time_s), exact(r.baseline_energy_j), "" if p is None else p.id,
                         "" if p is None else exact(p.predicted_time_s),
                         "" if p is None else exact(p.predicted_energy_j), "" if s is None else f"{s:.4f}"])
     return path
@@ -91,7 +92,7 @@ def equal_time_table(rows: Sequence[EqualTime], title: str, max_rows: int = 8):
     for r in (rows[i] for i in sorted(even_spread(len(rows), max_rows))):
         p, s = r.plan, r.energy_saving_pct
         table.add_row(f"{r.baseline_time_s:.4f}", f"{r.baseline_energy_j:.1f}",
-                      "none this fast" if p is None else f"plan {p.index:03d}",
+                      "none this fast" if p is None else f"plan {p.id}",
                       "-" if p is None else f"{p.predicted_time_s:.4f}",
                       "-" if p is None else f"{p.predicted_energy_j:.1f}", "-" if s is None else f"{s:+.2f}%")
     return table

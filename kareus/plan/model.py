@@ -5,6 +5,7 @@ option are grouped; their ``microbatches`` list says which microbatches they cov
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -77,7 +78,7 @@ class ExecutionPlan:
     hardware: str
     composer: str
     schedule: str
-    index: int  # position on the iteration frontier (0 = fastest)
+    index: int  # position on its run's iteration frontier (0 = fastest); the plan's name is ``id``
     num_stages: int
     num_microbatches: int
     gpus_per_stage: int
@@ -88,6 +89,14 @@ class ExecutionPlan:
     stages: tuple[StagePlan, ...]
     clock_switch_s: float = 0.0  # GPU idle time per clock change, priced into the predicted time
     made_for: MadeFor | None = None  # None: a plan saved before schema 3 (it names no model or layout)
+
+    @functools.cached_property
+    def id(self) -> str:
+        """The plan's name in tables, CSVs, file names and summaries: 8 hex digits of a hash of what it
+        runs (each instruction's clock and each partition's slot and SMs). A position on the frontier
+        would shift whenever a run's frontier gains a point (a deadline asked for adds solves); this
+        names the same plan alike in every run, whatever else its frontier holds."""
+        return plan_id(self.stages)
 
     @property
     def switches(self) -> int:
@@ -105,9 +114,29 @@ class ExecutionPlan:
         raise KeyError((stage, microbatch, d))
 
 
+PLAN_ID_DIGITS = 8
+
+
+def plan_settings(stages: Sequence[StagePlan]) -> list[list]:
+    """What a plan runs, one microbatch's instruction at a time, in order: its clock and each partition's
+    slot and SMs (neither the predicted numbers nor how instructions are grouped)."""
+    return sorted([ins.stage, ins.direction, mb, ins.freq_mhz,
+                   sorted([p.partition, p.slot, p.sms] for p in ins.partitions)]
+                  for st in stages for ins in st.instructions for mb in ins.microbatches)
+
+
+def plan_id(stages: Sequence[StagePlan]) -> str:
+    """8 hex digits of a SHA-256 over :func:`plan_settings`."""
+    import hashlib
+    import json
+
+    text = json.dumps(plan_settings(stages), separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:PLAN_ID_DIGITS]
+
+
 def make_plans(frontier: IterationFrontier, partitioning: Partitioning | Sequence[Partitioning] | None = None, *,
                config_hash: str, hardware: str, made_for: MadeFor | None = None) -> list[ExecutionPlan]:
-    """One ExecutionPlan per iteration-frontier point, fastest first.
+    """One ExecutionPlan per iteration-frontier point, fastest first (each named by its ``id``).
 
     ``partitioning`` (optional; several, e.g. the nanobatch one and Megatron's own) adds each
     partition type's occurrence count per instruction.

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from kareus.compose.iteration import Assignment
+from kareus.errors import KareusError
 from kareus.plan.io import save_plan
 from kareus.plan.model import ExecutionPlan
 
@@ -18,12 +19,18 @@ from kareus.plan.model import ExecutionPlan
 def exact(x: float) -> str:
     """The shortest text that reads back as the same float: a time or energy copied from a CSV into
     ``plan.deadline_s`` or ``plan.energy_budget_j`` is met by the plan it came from (the limit's own
-    solve may find one at least as good, and the plans are numbered afresh)."""
+    solve may find one at least as good; a plan found again keeps its id)."""
     return repr(float(x))
 
 
-def _saving(ref: float | None, value: float) -> float | None:
+def saving_pct(ref: float | None, value: float) -> float | None:
+    """The saving against ``ref`` in percent, positive = better (faster / less energy); None without one."""
     return None if not ref else 100.0 * (ref - value) / ref
+
+
+def plan_file(plan: ExecutionPlan) -> str:
+    """``plans/plan_<id>.yaml``, relative to the run directory."""
+    return f"plans/plan_{plan.id}.yaml"
 
 
 def even_spread(n: int, max_rows: int) -> set[int]:
@@ -36,7 +43,8 @@ def even_spread(n: int, max_rows: int) -> set[int]:
 
 def write_run_outputs(run_dir: str | Path, plans: Sequence[ExecutionPlan], selected: ExecutionPlan | None = None,
                       reference: Assignment | None = None) -> dict[str, Path]:
-    """Write ``frontier_iteration.csv``, ``plans/plan_NNN.yaml`` and ``plan_selected.yaml`` into ``run_dir``.
+    """Write ``frontier_iteration.csv`` (fastest first), ``plans/plan_<id>.yaml`` and ``plan_selected.yaml``
+    into ``run_dir``.
 
     Plan files of an earlier run in the same folder that this run does not write are removed, a
     ``plan_selected.yaml`` too when nothing is selected: a launcher reading the folder must not take
@@ -44,7 +52,8 @@ def write_run_outputs(run_dir: str | Path, plans: Sequence[ExecutionPlan], selec
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    _remove_stale_plans(run_dir, {f"plan_{p.index:03d}.yaml" for p in plans}, keep_selected=selected is not None)
+    _check_distinct_ids(plans)
+    _remove_stale_plans(run_dir, {Path(plan_file(p)).name for p in plans}, keep_selected=selected is not None)
     out: dict[str, Path] = {}
     csv_path = run_dir / "frontier_iteration.csv"
     ref_t = reference.time_s if reference else None
@@ -58,18 +67,28 @@ def write_run_outputs(run_dir: str | Path, plans: Sequence[ExecutionPlan], selec
                         exact(reference.dynamic_energy_j), exact(reference.static_energy_j), "0", "0", ""])
         for p in plans:
             st = p.predicted_energy_j - p.predicted_dynamic_energy_j
-            ts, es = _saving(ref_t, p.predicted_time_s), _saving(ref_e, p.predicted_energy_j)
-            w.writerow([p.index, exact(p.predicted_time_s), exact(p.predicted_energy_j),
+            ts, es = saving_pct(ref_t, p.predicted_time_s), saving_pct(ref_e, p.predicted_energy_j)
+            w.writerow([p.id, exact(p.predicted_time_s), exact(p.predicted_energy_j),
                         exact(p.predicted_dynamic_energy_j), exact(st),
-                        "" if ts is None else f"{ts:.4f}", "" if es is None else f"{es:.4f}",
-                        f"plans/plan_{p.index:03d}.yaml"])
+                        "" if ts is None else f"{ts:.4f}", "" if es is None else f"{es:.4f}", plan_file(p)])
     out["frontier_iteration"] = csv_path
     for p in plans:
-        save_plan(p, run_dir / "plans" / f"plan_{p.index:03d}.yaml")
+        save_plan(p, run_dir / plan_file(p))
     out["plans"] = run_dir / "plans"
     if selected is not None:
         out["plan_selected"] = save_plan(selected, run_dir / "plan_selected.yaml")
     return out
+
+
+def _check_distinct_ids(plans: Sequence[ExecutionPlan]) -> None:
+    """Two plans that run different settings under one id would share a file: refuse rather than lose one."""
+    from kareus.plan.model import plan_settings
+
+    seen: dict[str, ExecutionPlan] = {}
+    for p in plans:
+        other = seen.setdefault(p.id, p)
+        if other is not p and plan_settings(other.stages) != plan_settings(p.stages):
+            raise KareusError(f"plans {other.index} and {p.index} of the frontier share the id {p.id}")
 
 
 COMPOSED_OUTPUTS = ("frontier_iteration.csv", "plan_selected.yaml", "frontier_perseus.csv")
@@ -101,7 +120,8 @@ def frontier_table(plans: Sequence[ExecutionPlan], reference: Assignment | None 
                    selected: Optional[ExecutionPlan] = None, max_rows: int = 16, title: str | None = None):
     """A rich Table of the iteration frontier beside the Megatron reference, with savings (predicted).
 
-    Savings are relative to the reference: positive is better (faster / less energy).
+    Savings are against the reference, positive = better (faster / less energy); plans are listed
+    fastest first and named by their ``id``.
     """
     from rich.table import Table
 
@@ -116,8 +136,8 @@ def frontier_table(plans: Sequence[ExecutionPlan], reference: Assignment | None 
     if len(rows) > max_rows:  # keep both ends, the selected plan and an even spread
         keep = even_spread(len(rows), max_rows)
         if selected is not None:
-            keep.add(selected.index)
-        rows = [p for p in rows if p.index in keep]
+            keep |= {i for i, p in enumerate(rows) if p.id == selected.id}
+        rows = [p for i, p in enumerate(rows) if i in keep]
         table.caption = f"showing {len(rows)} of {len(plans)} plans (all in frontier_iteration.csv)"
     if plans:
         gpus = plans[0].num_stages * plans[0].gpus_per_stage
@@ -125,9 +145,9 @@ def frontier_table(plans: Sequence[ExecutionPlan], reference: Assignment | None 
     ref_t = reference.time_s if reference else None
     ref_e = reference.energy_j if reference else None
     for p in rows:
-        ts, es = _saving(ref_t, p.predicted_time_s), _saving(ref_e, p.predicted_energy_j)
-        mark = "selected" if selected is not None and p.index == selected.index else ""
-        table.add_row(f"plan {p.index:03d}", f"{p.predicted_time_s:.4f}", f"{p.predicted_energy_j:.1f}",
+        ts, es = saving_pct(ref_t, p.predicted_time_s), saving_pct(ref_e, p.predicted_energy_j)
+        mark = "selected" if selected is not None and p.id == selected.id else ""
+        table.add_row(f"plan {p.id}", f"{p.predicted_time_s:.4f}", f"{p.predicted_energy_j:.1f}",
                       "-" if ts is None else f"{ts:+.2f}%", "-" if es is None else f"{es:+.2f}%", mark,
                       style="green" if mark else None)
     return table

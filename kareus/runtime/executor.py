@@ -70,7 +70,7 @@ class PlanExecutor:
         clocks = sorted({i.freq_mhz for i in plan.stages[stage].instructions})
         if getattr(controller, "locks_gpu", True) is None and len(clocks) > 1:
             # a controller that leaves the clock to the GPU cannot run a plan of several clocks
-            raise ValueError(f"plan {plan.index} runs stage {stage} at {len(clocks)} clocks ({clocks[0]}..{clocks[-1]} "
+            raise ValueError(f"plan {plan.id} runs stage {stage} at {len(clocks)} clocks ({clocks[0]}..{clocks[-1]} "
                              "MHz), but its controller leaves the clock to the GPU; run it with "
                              "profiler/frequency=nvml or zeus, or pick a plan made with profiler/frequency=unlocked")
         self.plan = plan
@@ -100,7 +100,7 @@ class PlanExecutor:
         try:
             ins = self.plan.instruction(self.stage, microbatch, d)
         except (KeyError, IndexError):
-            raise PlanCoverageError(f"plan {self.plan.index} has no {d} instruction for microbatch {microbatch} "
+            raise PlanCoverageError(f"plan {self.plan.id} has no {d} instruction for microbatch {microbatch} "
                                     f"on stage {self.stage} (it covers {self.plan.num_microbatches} "
                                     "microbatches)") from None
         if ins.freq_mhz != self._locked:

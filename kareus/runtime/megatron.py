@@ -60,11 +60,11 @@ def check_plan_fits(executor: PlanExecutor, num_microbatches: Any, pipeline_stag
     or one on a rank whose executor follows another stage's instructions."""
     plan = executor.plan
     if num_microbatches is not None and int(num_microbatches) != plan.num_microbatches:
-        raise PlanMismatchError(f"plan {plan.index} covers {plan.num_microbatches} microbatches per iteration, "
+        raise PlanMismatchError(f"plan {plan.id} covers {plan.num_microbatches} microbatches per iteration, "
                                 f"but the schedule runs {int(num_microbatches)}; compose a plan with "
                                 f"parallel.num_microbatches={int(num_microbatches)}")
     if pipeline_stages is not None and int(pipeline_stages) != plan.num_stages:
-        raise PlanMismatchError(f"plan {plan.index} covers {plan.num_stages} pipeline stages, but the schedule "
+        raise PlanMismatchError(f"plan {plan.id} covers {plan.num_stages} pipeline stages, but the schedule "
                                 f"runs {int(pipeline_stages)}; compose a plan with parallel.pp={int(pipeline_stages)}")
     if pipeline_rank is not None and int(pipeline_rank) != executor.stage:
         raise PlanMismatchError(f"this rank is pipeline stage {int(pipeline_rank)}, but its PlanExecutor follows "

@@ -476,17 +476,17 @@ def check_plan(plan: Any, model: ModelSpec, parallel: ParallelSpec, keys: set[st
     from kareus.plan.model import MadeFor
 
     if plan.made_for is None:
-        raise PlanLayoutError(f"plan {plan.index} names no model or layout (made_for; saved before plan schema 3): "
+        raise PlanLayoutError(f"plan {plan.id} names no model or layout (made_for; saved before plan schema 3): "
                               "compose it again with this version")
     diff = plan.made_for.differences(MadeFor.of(model, parallel))
     if diff:
-        raise PlanLayoutError(f"plan {plan.index} was made for another model or layout: {diff[0]}")
+        raise PlanLayoutError(f"plan {plan.id} was made for another model or layout: {diff[0]}")
     if plan_stage != stage:
         raise PlanLayoutError(f"plan stage {plan_stage} bound to a runtime of pipeline stage {stage}")
     for ins in plan.stages[stage].instructions:
         for s in ins.partitions:
             if not s.partition.startswith(MEGATRON_PREFIX) and s.partition not in keys:
-                raise PlanLayoutError(f"plan {plan.index} names partition {s.partition!r}, which this layout does "
+                raise PlanLayoutError(f"plan {plan.id} names partition {s.partition!r}, which this layout does "
                                       f"not have; it has: {', '.join(sorted(keys))}")
 
 

@@ -36,6 +36,8 @@ class SearchResult:
     # of those: measured by this run (the rest were answered from a resumed run's journal)
     measured_now: int = 0
     measured_now_gpu_seconds: float = 0.0
+    # every reported hypervolume of this search, live and final, is against this (time_s, energy_j)
+    reference: tuple[float, float] | None = None
 
 
 class Searcher(Protocol):

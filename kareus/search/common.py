@@ -19,6 +19,15 @@ def reference_point(times: Sequence[float], energies: Sequence[float], factor: f
     return (factor * float(np.max(times)), factor * float(np.max(energies)))
 
 
+def result_reference(result: SearchResult) -> tuple[float, float] | None:
+    """The reference a finished search reported against: the one its first batch fixed, else (no batch
+    with numbers was reported) 1.1 x the maxima of its non-failed measurements; None if it has none."""
+    if result.reference is not None:
+        return result.reference
+    ok = [m for m in result.measurements if not m.failed]
+    return reference_point([m.time_s for m in ok], [m.energy_j for m in ok]) if ok else None
+
+
 class SearchRun:
     """One searcher's walk over one problem: charges the budget and keeps every measurement."""
 
@@ -117,7 +126,7 @@ class SearchRun:
         if timing:
             self.timings.append(dict(timing))
         self.problem.emit(BatchFinished(self.problem.partition.key, self.batches, len(self.measured),
-                                        self.hypervolume(), predicted_gain, preds))
+                                        self.hypervolume(), predicted_gain, preds, reference=self._ref))
         self.batches += 1
 
     # --- result -------------------------------------------------------------------------------
@@ -132,6 +141,7 @@ class SearchRun:
             dynamic_frontier=Frontier.from_arrays([m.time_s for m in good], [m.dynamic_energy_j for m in good], good,
                                                   "dynamic"),
             predictions=self.predictions,
+            reference=self._ref,
         )
 
 

@@ -56,7 +56,8 @@ class PartitionRunListener:
         self.spec = spec
         self.run_id: str | None = None
         self.rows: list[dict[str, Any]] = []
-        self.hv: list[tuple[int, float]] = []
+        self.hv: list[tuple[int, float]] = []  # (profiled, hypervolume_ratio) after each batch
+        self.reference: tuple[float, float] | None = None  # the search's one hypervolume reference
         self.budget: int | None = None
         self.finished = False
         self.errors = 0
@@ -162,8 +163,11 @@ class PartitionRunListener:
         self._log(metrics, step=ev.index, buffered=True)
 
     def _batch(self, ev: BatchFinished) -> None:
-        self.hv.append((ev.profiled, ev.hypervolume))
         metrics = {"hypervolume": ev.hypervolume, "batch": ev.batch}
+        if ev.hypervolume_ratio is not None:
+            self.hv.append((ev.profiled, ev.hypervolume_ratio))
+            self.reference = ev.reference
+            metrics["hypervolume_ratio"] = ev.hypervolume_ratio
         if ev.predicted_gain is not None:
             metrics["predicted_gain"] = ev.predicted_gain
         self._log(metrics, step=ev.profiled)
@@ -179,17 +183,16 @@ class PartitionRunListener:
 
     def _record_finish(self, ev: SearchFinished) -> None:
         records.mark_frontier(self.rows, ev.frontier)
-        if not self.hv or self.hv[-1][0] != ev.profiled:
-            self.hv.append((ev.profiled, ev.hypervolume))
-        # the live curve's reference was fixed by the first batch; against the final one (1.1 x the
-        # maxima of every measurement, as the terminal and search_summary.json) it ends at hypervolume_final
-        self.hv = self._curve_at_final_reference()
-        for profiled, hv in self.hv:
-            self._log({"hypervolume_at_final_reference": hv}, step=profiled, buffered=True)
-        self._log({"profiled": ev.profiled, "failed_candidates": ev.failed,
-                   records.gpu_hours_name(self.spec.simulated): ev.gpu_seconds / 3600.0,
-                   "hypervolume_final": ev.hypervolume,
-                   "frontier_points": len(ev.frontier)}, step=ev.profiled)
+        final = {"profiled": ev.profiled, "failed_candidates": ev.failed,
+                 records.gpu_hours_name(self.spec.simulated): ev.gpu_seconds / 3600.0,
+                 "hypervolume_final": ev.hypervolume, "frontier_points": len(ev.frontier)}
+        if ev.hypervolume_ratio is not None:
+            if not self.hv or self.hv[-1][0] != ev.profiled:
+                self.hv.append((ev.profiled, ev.hypervolume_ratio))
+            self.reference = ev.reference
+            final["hypervolume_ratio_final"] = ev.hypervolume_ratio
+            final["hypervolume_reference_time_s"], final["hypervolume_reference_energy_j"] = ev.reference
+        self._log(final, step=ev.profiled)
         run_id = self._ensure_run()
         self._write_candidates(table=True)
         text, table = records.frontier_artifacts(ev.frontier)
@@ -197,21 +200,6 @@ class PartitionRunListener:
         retry(self.client.log_table, run_id, table, "frontier.json")
         if self.spec.plots:
             self._plots(ev)
-
-    def _curve_at_final_reference(self) -> list[tuple[int, float]]:
-        """The hypervolume after each batch against the search's final reference point."""
-        from kareus.search.common import reference_point
-        from kareus.search.hv import hypervolume
-
-        ok = [(r["time_s"], r["energy_j"]) for r in self.rows if not r["failed"]]
-        if not ok:
-            return [(p, 0.0) for p, _ in self.hv]
-        ref = reference_point([t for t, _ in ok], [e for _, e in ok])
-        curve = []
-        for profiled, _ in self.hv:
-            pts = [(r["time_s"], r["energy_j"]) for r in self.rows[:profiled] if not r["failed"]]
-            curve.append((profiled, hypervolume(pts, ref) if pts else 0.0))
-        return curve
 
     def _write_candidates(self, table: bool = False) -> None:
         if not self.rows:
@@ -230,8 +218,8 @@ class PartitionRunListener:
                                           title=f"Partition {key}: measured candidates", note=self.spec.note)
             if self.hv:
                 plots.plot_hypervolume([p for p, _ in self.hv], [h for _, h in self.hv],
-                                       Path(tmp) / "hypervolume.png", title=f"Partition {key}: hypervolume",
-                                       note=self.spec.note, budget=self.budget)
+                                       Path(tmp) / "hypervolume.png", title=f"Partition {key}: hypervolume ratio",
+                                       note=self.spec.note, budget=self.budget, reference=self.reference)
             retry(self.client.log_artifacts, self.run_id, tmp, "plots")
 
     def close(self, status: str = "KILLED") -> None:

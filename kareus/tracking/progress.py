@@ -1,4 +1,8 @@
-"""Live progress of partition searches: profiled / budget, hypervolume and GPU time per partition.
+"""Live progress of partition searches: profiled / budget, hypervolume ratio and GPU time per partition.
+
+The hypervolume ratio is the share of the rectangle from (0 s, 0 J) to the search's reference point
+that its measured front dominates (0..1). The reference is fixed by the search's first batch, so the
+live value only grows and the final line continues it.
 
 A rich display on an interactive terminal; one plain line per finished search when output goes to a
 log (not a TTY); nothing at all with ``progress=false``. Each is an event listener and a context
@@ -27,7 +31,8 @@ def format_seconds(seconds: float) -> str:
 
 
 def format_hv(value: float | None) -> str:
-    return "-" if value is None or not math.isfinite(value) else f"{value:.4g}"
+    """A hypervolume ratio (0..1) to four decimals: a search's late gains are in the third and fourth."""
+    return "-" if value is None or not math.isfinite(value) else f"{value:.4f}"
 
 
 class _State:
@@ -36,7 +41,7 @@ class _State:
     def __init__(self, budget: int = 0) -> None:
         self.budget = budget
         self.profiled = 0
-        self.hv: float | None = None
+        self.hv: float | None = None  # hypervolume ratio
         self.gpu_seconds = 0.0
         self.done = False
 
@@ -73,13 +78,13 @@ class PlainProgress(NullProgress):
             state.profiled = max(state.profiled, event.index + 1)
             state.gpu_seconds = event.gpu_seconds
         elif isinstance(event, BatchFinished):
-            state.hv = event.hypervolume
+            state.hv = event.hypervolume_ratio
         elif isinstance(event, SearchFinished):
-            state.profiled, state.hv, state.gpu_seconds, state.done = (event.profiled, event.hypervolume,
+            state.profiled, state.hv, state.gpu_seconds, state.done = (event.profiled, event.hypervolume_ratio,
                                                                       event.gpu_seconds, True)
             self.write(f"partition {key}: profiled {event.profiled}/{state.budget or event.profiled}, "
                        f"{event.failed} failed, frontier {len(event.frontier)} points, "
-                       f"hypervolume {format_hv(event.hypervolume)}, "
+                       f"hypervolume ratio {format_hv(event.hypervolume_ratio)}, "
                        f"{self.gpu_label} {format_seconds(event.gpu_seconds)}")
 
 
@@ -92,7 +97,7 @@ def _to_log_files(line: str) -> None:
 
 
 class ProgressListener(PlainProgress):
-    """A rich progress bar per partition: profiled / budget, current hypervolume, GPU time."""
+    """A rich progress bar per partition: profiled / budget, current hypervolume ratio, GPU time."""
 
     def __init__(self, kind: str, console: Any = None, transient: bool = False) -> None:
         super().__init__(kind, write=_to_log_files)  # the bars show them; the run's log keeps them
@@ -101,7 +106,7 @@ class ProgressListener(PlainProgress):
         gpu = {"simulated": "sim GPU", "replayed": "replayed GPU"}.get(kind, "GPU")
         self.progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(),
-            TextColumn("HV [cyan]{task.fields[hv]}"), TextColumn(gpu + " [magenta]{task.fields[gpu]}"),
+            TextColumn("HV ratio [cyan]{task.fields[hv]}"), TextColumn(gpu + " [magenta]{task.fields[gpu]}"),
             TimeElapsedColumn(), TextColumn("[green]{task.fields[status]}"), console=console, transient=transient)
         self.tasks: dict[str, Any] = {}
 

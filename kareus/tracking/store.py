@@ -307,7 +307,10 @@ def client_for(uri: str, telemetry: bool = False):
 
 def experiment_id(uri: str, name: str, artifact_location: str | None = None, telemetry: bool = False) -> str:
     """Id of experiment ``name``, created once, safely across processes. A deleted one is refused, as
-    MLflow's ``set_experiment`` refuses it: restoring it would bring back every run the user deleted."""
+    MLflow's ``set_experiment`` refuses it: restoring it would bring back every run the user deleted.
+    New and existing experiments get the tags that open the UI on their runs (kareus.tracking.ui)."""
+    from kareus.tracking import ui
+
     key = (uri, name)
     if key in _experiments:
         return _experiments[key]
@@ -329,8 +332,19 @@ def experiment_id(uri: str, name: str, artifact_location: str | None = None, tel
                 raise KareusError(f"tracking.experiment: {name!r} is deleted in {_shown(uri)}; restore it "
                                   f"(mlflow experiments restore --experiment-id {exp_id}), delete it for good "
                                   f"(mlflow gc), or choose another tracking.experiment")
+        _add_ui_tags(client, exp_id, ui.experiment_tags(exp.tags if exp is not None else {}))
     _experiments[key] = exp_id
     return exp_id
+
+
+def _add_ui_tags(client: Any, exp_id: str, tags: dict[str, str]) -> None:
+    """Set the experiment's UI tags one by one, after it exists: how the UI opens is no reason to fail a
+    run, so a refusal (a server's permissions, a store that reserves ``mlflow.`` tags) is a warning."""
+    for tag, value in tags.items():
+        try:
+            retry(client.set_experiment_tag, exp_id, tag, value)
+        except Exception as exc:  # MlflowException: permission denied, a reserved key
+            log.warning("could not set the tag %s of experiment %s: %s", tag, exp_id, exc)
 
 
 def connect(uri: str, experiment: str, artifact_location: str | None = None,

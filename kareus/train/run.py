@@ -64,7 +64,7 @@ def _summary(cfg: Any, tplan: TrainPlan, trainer: Any, result: dict) -> dict:
     its = result["iterations"]
     mine = [i for i in its if i.layout == ("plan" if tplan.plan is not None else "megatron")]
     out: dict[str, Any] = {
-        "plan": tplan.source, "plan_index": None if tplan.plan is None else tplan.plan.index,
+        "plan": tplan.source, "plan_id": None if tplan.plan is None else tplan.plan.id,
         "invocation_run_id": tplan.invocation_run_id, "device": result["device"], "world_size": result["world"],
         "warmup": int(cfg.train.warmup), "energy": result["energy"],
         "iterations": [{"iteration": i.iteration, "layout": i.layout, "block": i.block, "loss": i.loss,
