@@ -304,6 +304,8 @@ def app(cfg: DictConfig) -> Any:
         if describe or (isinstance(out, dict) and out.get("remove_run_dir")):
             _remove_job_dir(run_dir)
             _restore_kept()
+        if job is None and isinstance(out, dict) and out.get("exit_code"):  # mode=check: 3 when something drifted
+            sys.exit(int(out["exit_code"]))
         return out
     except OutputClosed:  # the reader left (``| head``): stop as a shell tool does, quietly
         _stdout_to_devnull()

@@ -112,7 +112,7 @@ def test_composition_typo_fails_on_one_line_listing_the_known_keys(tmp_path):
     ("parallel={sequence_parallel:2}", "error: parallel.sequence_parallel: '2' is not a bool; allowed: true, false"),
     ("search.kappa=abc", "error: search.kappa: 'abc' is not a float"),
     ("search.batch_size=1.5", "error: search.batch_size: '1.5' is not an integer"),
-    ("mode=bad", "error: mode: invalid value 'bad'; allowed: run, describe, search, train, reset"),
+    ("mode=bad", "error: mode: invalid value 'bad'; allowed: run, describe, search, train, reset, check"),
     ("search.kappa=0.1,0.2", "error: search.kappa=0.1,0.2: a sweep runs only with --multirun (-m); add it, or give one value"),
     # a list merges a group's options into one config: the later silently won, key by key
     ("parallel=[pp2_tp8,pp1_tp2]", "error: parallel=[pp2_tp8,pp1_tp2]: parallel takes one option, and a list merges "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import sqlite3
 import subprocess
@@ -109,6 +110,20 @@ def test_profiling_costs_read_the_same_in_the_terminal_the_summary_and_mlflow(mi
     assert f"fixed work (Megatron's reference, residual ops): {fixed_h:.2f} simulated GPU-hours" in res.stdout
     assert f"Megatron + Perseus' own profiles: {out['perseus']['gpu_hours_simulated']:.2f} simulated GPU-hours" \
         in res.stdout
+
+
+def test_the_measurements_energy_and_the_plans_payback_read_the_same_everywhere(mission_run):
+    cwd, res = mission_run
+    out = json.loads((cwd / "runs" / "first" / "run" / "summary.json").read_text())
+    cost, back = out["measurement_energy_j"], out["payback_iterations"]
+    saving = out["reference"]["energy_j"] - out["selected"]["energy_j"]
+    assert cost > 0 and back["megatron"] == math.ceil(cost / saving)  # the plan saves: it pays back
+    assert back["perseus"] is None or back["perseus"] >= back["megatron"]  # M+P spends less than Megatron
+    assert f"net: this run's measurements drew {cost / 3.6e6:.3g} kWh (simulated)" in res.stdout
+    assert f"pays it back after {back['megatron']:,} iterations against Megatron" in res.stdout
+    with sqlite3.connect(cwd / "runs" / "mlflow.db") as con:
+        m = dict(con.execute("SELECT key, value FROM metrics WHERE key LIKE 'payback_iterations.%'").fetchall())
+    assert m["payback_iterations.megatron"] == back["megatron"]
 
 
 def test_resume_measures_nothing_twice(mission_run):

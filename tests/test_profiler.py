@@ -185,6 +185,17 @@ def test_journal_answers_without_remeasuring(tmp_path):
     assert events[-1].cached and events[-1].gpu_seconds == pytest.approx(spent)
 
 
+def test_a_remeasurement_reads_anew_is_charged_and_journaled_as_another_row(tmp_path):
+    prof, be, journal, events = make(tmp_path)
+    first = prof.measure(PART, cand())
+    spent, calls = prof.gpu_seconds(PART.key), be.measure_calls
+    again = prof.remeasure(PART, cand())
+    assert be.measure_calls > calls and not events[-1].cached  # read on the backend, not the journal
+    assert prof.gpu_seconds(PART.key) > spent  # and charged
+    assert journal.count(PART.key) == 2 and journal.duplicates() == [cand().key]  # the journal keeps both
+    assert prof.measure(PART, cand()) is again and again is not first  # later asks: the newest
+
+
 def test_failed_reads_retried_then_recorded_failed(tmp_path):
     prof, be, journal, _ = make(tmp_path, retries=2)
     ok, bad = cand(sms=4), cand(sms=8)

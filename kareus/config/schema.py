@@ -20,6 +20,7 @@ class Mode(str, Enum):
     search = "search"  # partition searches only
     train = "train"  # real megatron-core training with a plan applied, measured (under torchrun)
     reset = "reset"  # give back the GPU clocks that Kareus processes locked on this node
+    check = "check"  # re-measure a run's settings and flag the partitions that drifted (exit 3)
 
 
 class Recompute(str, Enum):
@@ -105,6 +106,18 @@ class TrainConfig:
 
 
 @dataclass
+class CheckConfig:
+    """``mode=check``: which run to check and how hard (see kareus.check)."""
+
+    run: Optional[str] = None  # the run directory whose journal (and plan_selected.yaml) is checked
+    samples: int = 4  # settings re-measured per partition: the selected plan's first, then along the front
+    repeats: int = 3  # fresh readings per setting, in rounds (their spread is the noise the test uses)
+    alpha: float = 0.01  # chance of flagging anything when nothing drifted (over all partitions)
+    min_shift: float = 0.01  # and the relative shift a flagged partition must exceed
+    seed: int = 1  # the fresh windows' noise stream on a simulated GPU (another check: another seed)
+
+
+@dataclass
 class ResetConfig:
     """``mode=reset``: the GPUs whose clocks a Kareus process locked (its state file), or all of them."""
 
@@ -130,4 +143,5 @@ class KareusConfig:
     plan: Any = MISSING
     tracking: Any = MISSING
     train: TrainConfig = field(default_factory=TrainConfig)
+    check: CheckConfig = field(default_factory=CheckConfig)
     reset: ResetConfig = field(default_factory=ResetConfig)

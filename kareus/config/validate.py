@@ -313,6 +313,36 @@ def train_problems(train: Any, parallel: Any = None) -> list[str]:
     return out
 
 
+def check_problems(check: Any, mode: str) -> list[str]:
+    """``check.*`` values mode=check could not run with, one line each; the run directory only in mode=check."""
+    import math
+    from pathlib import Path
+
+    if check is None:
+        return []
+    out = []
+    if check.samples < 1:
+        out.append(f"check.samples: must be >= 1, got {check.samples}")
+    if check.repeats < 2:
+        out.append(f"check.repeats: must be >= 2 (their spread is the noise the test uses), got {check.repeats}")
+    if not (math.isfinite(check.alpha) and 0 < check.alpha < 1):
+        out.append(f"check.alpha: must be in (0, 1), got {check.alpha}")
+    if not (math.isfinite(check.min_shift) and check.min_shift >= 0):
+        out.append(f"check.min_shift: must be >= 0, got {check.min_shift}")
+    if mode == "check":
+        from kareus.pipeline.context import _from_start_dir
+        from kareus.profiler.journal import journal_path_for
+
+        if not check.run:
+            out.append("check.run: missing; give the run directory to check (check.run=runs/<date>/<time>)")
+        elif not _from_start_dir(str(check.run)).is_dir():
+            out.append(f"check.run: {check.run} is not a run directory")
+        elif not journal_path_for(_from_start_dir(str(check.run))).is_file():
+            out.append(f"check.run: {check.run} has no {Path(journal_path_for('.')).name}: not the directory of a "
+                       "run that measured anything")
+    return out
+
+
 def validate(cfg: Any) -> dict[str, Any]:
     """Check a composed config; return the typed sections, or raise ConfigError listing every problem."""
     from omegaconf import DictConfig
@@ -361,6 +391,7 @@ def validate(cfg: Any) -> dict[str, Any]:
         if gpu is not None:
             problems += validate_unlocked_clock(typed["profiler"], typed.get("search"), gpu)
     problems += train_problems(cfg.get("train"), cfg.get("parallel"))
+    problems += check_problems(cfg.get("check"), mode)
     real = "hardware" in typed and measures_real_gpu(typed["hardware"])
     recorded = "hardware" in typed and bool(getattr(typed["hardware"], "recorded_space", lambda: False)())
     ctx = ValidationContext(gpu=gpu, parallel=cfg.parallel, model=model, mode=mode, real_gpu=real,

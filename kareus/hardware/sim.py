@@ -14,6 +14,7 @@ so two profiling policies over the same candidates compare without reading noise
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from typing import Sequence
@@ -78,6 +79,10 @@ class SimulatedGPU(LockedClock):
             if power <= self.cfg.tdp_w or f - self.gpu.step_mhz < self.gpu.min_mhz:
                 break
             f -= self.gpu.step_mhz
+        if self.cfg.drift:  # the same power for longer: time and dynamic energy scale alike
+            k = 1.0 + self.cfg.drift
+            out = dataclasses.replace(out, time_s=out.time_s * k, dynamic_j=out.dynamic_j * k,
+                                      overlap_s=out.overlap_s * k, exposed_comm_s=out.exposed_comm_s * k)
         self._cache[key] = out
         return out
 

@@ -75,6 +75,9 @@ class SimConfig(GPUConfig):
     time_noise: float = 0.002  # relative run-to-run jitter of execution time
     power_noise: float = 0.004  # relative run-to-run jitter of power
     fail_rate: float = 0.0  # probability that a reading fails (tests inject failures with it)
+    # drift since a run was measured (mode=check's tests and benchmark create it): every execution takes
+    # (1 + drift) x its time at unchanged power, as an efficiency loss would (firmware, a degraded link)
+    drift: float = 0.0
 
     def problems(self, ctx: object = None) -> list[str]:
         """Config-time checks (run by validate()): physical ranges of the simulator's parameters. A
@@ -102,6 +105,8 @@ class SimConfig(GPUConfig):
             "vector_tflops", "gemm_tile_flops", "comm_sm_gbps", "p_sm_w", "v_max", "v_min",
             "thermal_tau_s", "counter_period_s", "host_scale",
         ))
+        if not (math.isfinite(self.drift) and -0.5 < self.drift <= 1.0):  # a GPU at most twice as slow, or half
+            out.append(f"hardware.drift: must be in (-0.5, 1], got {self.drift}")
         if self.v_min > self.v_max:
             out.append(f"hardware.v_min: {self.v_min} exceeds v_max {self.v_max}")
         if self.v_knee_mhz >= self.max_mhz:  # V(f)/V(f_max) is 1 at the top clock by definition

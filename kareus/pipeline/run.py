@@ -47,6 +47,10 @@ def run_mode(cfg: DictConfig, typed: dict[str, Any], run_dir: Path,
     mode = str(getattr(cfg.mode, "value", cfg.mode))
     if mode == "describe":
         return _describe(ctx, console)
+    if mode == "check":
+        from kareus.check import run_check
+
+        return run_check(ctx, console)
     if mode == "train":
         from kareus.train.run import run_train
 
@@ -259,6 +263,10 @@ def _compose_and_plan(ctx: RunContext, console: Console, backend: Any, results: 
         console.print(f"selected plan file: {outputs['plan_selected']}")
         for line in plan_summary(selected):
             console.print(f"  {line}")
+        cost = _selected_cost(ctx, console, selected, label)
+        if cost:
+            out["selected"]["cost"] = cost
+        out.update(_payback(ctx, console, comp, selected, label, tracker))
     if selection_error is not None:
         out["selection_error"] = selection_error
     return out
@@ -296,6 +304,46 @@ def _against_perseus(ctx: RunContext, console: Console, comp: Any, plans: list, 
                           "is Megatron's reference alone")
         s[gpu_hours_name(ctx.simulated)] = gpu_seconds / 3600.0
     return s
+
+
+def _selected_cost(ctx: RunContext, console: Console, selected: Any, label: str) -> dict[str, Any]:
+    """The selected plan's money and carbon (plan.price, plan.carbon), when any price or intensity is set."""
+    from kareus.plan.cost import describe, plan_cost
+
+    pc = ctx.typed["plan"]
+    priced = (pc.select.value == "cost" or pc.price.energy_per_kwh or pc.price.gpu_hour or pc.price.profile
+              or pc.carbon.g_per_kwh or pc.carbon.profile)
+    if not priced:
+        return {}
+    c = describe(plan_cost(selected.predicted_time_s, selected.predicted_energy_j,
+                           selected.num_stages * selected.gpus_per_stage, pc), pc)
+    per = f"the job's {c['iterations']} iterations" if c["per"] == "job" else "iteration"
+    console.print(f"cost per {per}: {c['total']:.4g} (energy {c['energy_cost']:.4g}, GPU time {c['gpu_cost']:.4g}, "
+                  f"carbon {c['carbon_cost']:.4g}); {c['energy_kwh']:.4g} kWh, {c['carbon_kg']:.4g} kg CO2e ({label}); "
+                  "one plan for the whole job (the runtime does not switch plans between iterations)")
+    return c
+
+
+def _payback(ctx: RunContext, console: Console, comp: Any, selected: Any, label: str, tracker: Any) -> dict[str, Any]:
+    """The energy this run's measurements burned, and after how many iterations the selected plan saves it."""
+    from kareus.plan.payback import measurement_energy_j, payback_iterations, perseus_energy_at
+    from kareus.profiler import Journal
+
+    groups = {t.key: int(t.comm.group_size) for t in ctx.partitioning.types}
+    with Journal.open(ctx.journal_path, ctx.config_hash) as journal:
+        cost_j = measurement_energy_j(journal.entries(), groups, ctx.gpu.idle_power_w)
+    vs_megatron = comp.reference.energy_j - selected.predicted_energy_j
+    mp = (perseus_energy_at(selected.predicted_time_s, [(p.time_s, p.energy_j) for p in comp.perseus.frontier])
+          if comp.perseus is not None and len(comp.perseus) else None)
+    vs_perseus = None if mp is None else mp - selected.predicted_energy_j
+    payback = {"megatron": payback_iterations(cost_j, vs_megatron), "perseus": payback_iterations(cost_j, vs_perseus)}
+    said = {k: "never (it saves nothing)" if v is None else f"{v:,} iterations" for k, v in payback.items()}
+    console.print(f"net: this run's measurements drew {cost_j / 3.6e6:.3g} kWh ({label}); the selected plan pays it "
+                  f"back after {said['megatron']} against Megatron"
+                  + ("" if mp is None else f", {said['perseus']} against Megatron + Perseus"))
+    tracker.log_summary({"measurement_energy_kwh": cost_j / 3.6e6}
+                        | {f"payback_iterations.{k}": float(v) for k, v in payback.items() if v is not None})
+    return {"measurement_energy_j": cost_j, "payback_iterations": payback}
 
 
 def _switch_pricing(clock_switch_s: float) -> str:

@@ -102,15 +102,17 @@ def hardware_section(ctx: RunContext) -> dict[str, Any]:
     return hardware
 
 
-def make_backend(ctx: RunContext) -> Any:
-    return HARDWARE.build(ctx.hardware_name, config=hardware_config(ctx), seed=int(ctx.cfg.seed))
+def make_backend(ctx: RunContext, seed: int | None = None) -> Any:
+    """The run's backend; ``seed`` (default: the run's) keys a simulated GPU's reading noise."""
+    seed = int(ctx.cfg.seed) if seed is None else int(seed)
+    return HARDWARE.build(ctx.hardware_name, config=hardware_config(ctx), seed=seed)
 
 
 @contextmanager
-def opened_backend(ctx: RunContext) -> Iterator[Any]:
+def opened_backend(ctx: RunContext, seed: int | None = None) -> Iterator[Any]:
     """The run's own backend (space sizes, residual work, the reference), closed on the way out so a
     real GPU's NVML handle and comm groups are released also when the run fails."""
-    backend = make_backend(ctx)
+    backend = make_backend(ctx, seed)
     try:
         yield backend
     finally:

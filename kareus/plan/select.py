@@ -2,18 +2,20 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Optional, Sequence
 
 from kareus.config.store import register_schema
 from kareus.frontier import within_limit
+from kareus.plan.cost import CarbonConfig, PriceConfig, ProfileError, cost_problems, plan_cost
 from kareus.plan.model import ExecutionPlan
 
 
 class SelectRule(str, Enum):
     max_throughput = "max_throughput"
     min_energy = "min_energy"
+    cost = "cost"  # least money (energy, GPU time and priced carbon: plan.price, plan.carbon) per iteration or job
 
 
 @dataclass
@@ -31,9 +33,14 @@ class PlanConfig:
     # more than overlap saves, plans keep it); false: every instruction runs Kareus' partitions (an
     # ablation, and plans whose overlap mode=train executes and measures)
     megatron_layout: bool = True
+    # what a plan costs (kareus.plan.cost): priced with plan.select=cost, reported for the selected plan
+    price: PriceConfig = field(default_factory=PriceConfig)
+    carbon: CarbonConfig = field(default_factory=CarbonConfig)
+    iterations: Optional[int] = None  # the job's iterations: its cost over the job (None: per iteration)
+    start: Optional[str] = None  # the job's start (ISO 8601), needed with an hourly profile
 
     def problems(self, ctx: Any = None) -> list[str]:
-        out = []
+        out = cost_problems(self)
         if self.deadline_s is not None and self.energy_budget_j is not None:
             out.append("plan.deadline_s and plan.energy_budget_j are exclusive: set at most one")
         # inf is no deadline or budget: leave it unset (plan.select picks the plan then)
@@ -65,6 +72,12 @@ def select_plan(plans: Sequence[ExecutionPlan], cfg: PlanConfig | None = None) -
         return _within(plans, "predicted_energy_j", "predicted_time_s", cfg.energy_budget_j,
                        "no plan fits plan.energy_budget_j={limit} J: the least-energy plan uses",
                        "J")
+    if SelectRule(cfg.select) is SelectRule.cost:
+        try:  # one plan for the whole job: the runtime cannot switch plans between iterations
+            return min(plans, key=lambda p: (plan_cost(p.predicted_time_s, p.predicted_energy_j,
+                                                       p.num_stages * p.gpus_per_stage, cfg).total, p.predicted_time_s))
+        except ProfileError as err:  # a profile that does not cover some plan's span of the job
+            raise PlanSelectionError(str(err)) from None
     if SelectRule(cfg.select) is SelectRule.min_energy:
         return min(plans, key=lambda p: (p.predicted_energy_j, p.predicted_time_s))
     return min(plans, key=lambda p: (p.predicted_time_s, p.predicted_energy_j))

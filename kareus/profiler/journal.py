@@ -316,6 +316,19 @@ def check_journal(path: str | os.PathLike[str], config_hash: str) -> None:
     _refuse_other(p, revision, row[0], config_hash)
 
 
+def read_measurements(path: str | os.PathLike[str]) -> list[Measurement]:
+    """Every measurement of a journal in order, read without changing it (the latest row of a candidate
+    last); JournalError if it is not a readable Kareus journal."""
+    p = Path(path)
+    if not p.is_file():
+        raise JournalError(f"{p.parent} has no {p.name}: not the directory of a run that measured anything")
+    try:
+        with _read_only(p) as conn:
+            return [Journal._measurement(row)[0] for row in conn.execute(_ROWS + " ORDER BY id")]
+    except (sqlite3.Error, ValueError, TypeError, KeyError) as err:
+        raise JournalError(f"{p} is not a readable Kareus journal ({err})") from None
+
+
 def copy_journal(source: str | os.PathLike[str], dest: str | os.PathLike[str]) -> None:
     """Copy a journal with SQLite's backup API: a consistent snapshot, WAL content included."""
     d = Path(dest)

@@ -130,6 +130,14 @@ class Profiler:
                 pass_name=ann.get("pass"), gpu_seconds=self._spent[cand.partition], cached=cached))
         return m
 
+    def remeasure(self, partition: PartitionType, cand: Candidate,
+                  annotation: dict[str, Any] | None = None) -> Measurement:
+        """A fresh measurement of ``cand`` though it is known (a drift check reading a setting again):
+        profiled, charged and journaled as one more row; later asks are answered with the newest."""
+        self._known.pop(cand.key, None)
+        self._costs.pop(cand.key, None)
+        return self.measure(partition, cand, annotation)
+
     def profile_ops(self, ops: Sequence[Op], freq_mhz: int) -> Measurement:
         """Time and energy of a plain op sequence (residual, non-partition work) at ``freq_mhz``.
 
