@@ -209,3 +209,30 @@ def test_option_file_composes_to_the_schema():
     built = COOLDOWNS.build("thermal", config=cfg.profiler.cooldown)
     assert isinstance(built, ThermalCooldown) and built.cfg.max_anchors == 12
     assert built.cfg.anchor_window_s == ThermalCooldownConfig().anchor_window_s  # YAML matches the dataclass
+
+
+def test_the_benchmark_reports_every_policy_on_gpus_whose_heat_physics_is_mismatched(tmp_path, monkeypatch, capsys):
+    """benchmarks/cooldown.py's "mismatched": one entry per scenario (and the shipped physics on the same
+    seeds), each with every policy's bias and GPU-time (a tiny run: its checks cut to one variant and size)."""
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import cooldown
+
+    monkeypatch.setattr(cooldown, "VARIANTS", {"as configured": ({}, False)})
+    monkeypatch.setattr(cooldown, "SCALING", (3,))
+    out = tmp_path / "cooldown.json"
+    assert cooldown.main(["--candidates", "3", "--seeds", "1", "--check-seeds", "1", "--out", str(out)]) == 0
+    mis = json.loads(out.read_text())["mismatched"]
+    assert set(mis["scenarios"]) == {"two time constants", "exponential leakage", "fan step", "all three"}
+    assert list(mis["results"]) == ["shipped (matched)", *mis["scenarios"]]
+    for label, policies in mis["results"].items():
+        assert set(policies) == set(cooldown.POLICIES), label
+        for name, r in policies.items():
+            assert math.isfinite(r["bias"]) and r["gpu_seconds"] > 0, (label, name)
+    shipped, fan = mis["results"]["shipped (matched)"], mis["results"]["fan step"]
+    assert fan["none"]["bias"] != shipped["none"]["bias"]  # the physics changed what back-to-back reads
+    printed = capsys.readouterr().out
+    assert "mismatched heat physics" in printed and all(label in printed for label in mis["results"])

@@ -385,6 +385,128 @@ def test_a_sequential_call_turning_host_bound_never_slows_with_the_clock_or_more
     # static power at its 0 W floor: the settling temperature read a loaded GPU below ambient
     (dict(static_ref_c=2000.0), "hardware.static_ref_c/static_temp_coeff: static power would fall to 0 W at the "
      "ambient 30.0 C (1 + static_temp_coeff x (ambient_c - static_ref_c) = -10.8); it must stay above 0"),
+    # the heat options (kareus/hardware/heat.py): a share of the resistance, fans that cool better when
+    # high and are low at idle, leakage that cannot run away at the TDP's temperature
+    (dict(thermal_fast_frac=1.0), "hardware.thermal_fast_frac: must be in [0, 1), got 1.0"),
+    (dict(fan_r_scale=1.5), "hardware.fan_r_scale: must be in (0, 1], got 1.5"),
+    (dict(fan_r_scale=0.7, fan_on_c=37.0), "hardware.fan_on_c: fan_on_c - fan_hysteresis_c must be above the idle "
+     "temperature 35.4 C, got 37.0 - 3.0"),
+    (dict(static_temp_curvature=0.5), "hardware.static_temp_curvature: thermal runaway at the temperature the TDP "
+     "heats the GPU to (66 C): loop gain 11.2, must be below 1"),
 ])
 def test_a_simulator_setting_that_breaks_its_physics_is_refused(override, line):
     assert sim_config(**override).problems() == [line]
+
+
+# --- heat physics of another form than the cooldown policies model (kareus/hardware/heat.py) ----------
+
+QUIET = dict(power_noise=0.0, time_noise=0.0)
+
+
+def at_top_clock(part, gpu):
+    from kareus.types import Candidate
+
+    return Candidate(part.key, part.slots[0].label, 12, gpu.gpu.max_mhz)
+
+
+def hot_gpu(part, seconds: float, **heat):
+    """A simulated GPU run back to back for ``seconds`` on the partition at the top clock."""
+    from kareus.hardware.sim import SimulatedGPU
+
+    gpu = SimulatedGPU(sim_config(**QUIET, **heat))
+    gpu.set_clock(gpu.gpu.max_mhz)
+    gpu.measure(part, at_top_clock(part, gpu), seconds)
+    return gpu
+
+
+def cooling(gpu, seconds: float, step: float) -> list[float]:
+    """Excess over idle every ``step`` s of idling, from now."""
+    out = [gpu.temperature() - gpu.idle_temperature()]
+    for _ in range(round(seconds / step)):
+        gpu.idle(step)
+        out.append(gpu.temperature() - gpu.idle_temperature())
+    return out
+
+
+def test_the_heat_options_are_off_as_shipped_and_the_integrator_matches_the_exact_solution(part):
+    assert not sim_config().heat_options_on and hot_gpu(part, 1.0)._net is None
+    exact = hot_gpu(part, 60.0)
+    stepped = hot_gpu(part, 60.0, thermal_fast_frac=1e-12)  # on, with a vanishing fast stage: the same physics
+    assert stepped._net is not None
+    assert stepped.temperature() == pytest.approx(exact.temperature(), abs=1e-6)
+    assert cooling(stepped, 30.0, 3.0) == pytest.approx(cooling(exact, 30.0, 3.0), abs=1e-6)
+
+
+def test_two_time_constants_cool_as_the_sum_of_two_exponentials(part):
+    heat = dict(thermal_fast_frac=0.3, thermal_fast_tau_s=2.0, thermal_tau_s=25.0)
+    gpu = hot_gpu(part, 300.0, **heat)
+    fast, slow = (r - f * gpu.cfg.thermal_r_c_per_w * gpu.cfg.idle_power_w  # each stage's excess over idle
+                  for r, f in zip(gpu._net.rise, (0.3, 0.7)))
+    assert fast > 1.0 and slow > 1.0
+    xs = cooling(gpu, 60.0, 0.5)
+    for k, x in enumerate(xs):
+        t = 0.5 * k
+        assert x == pytest.approx(fast * math.exp(-t / 2.0) + slow * math.exp(-t / 25.0), rel=1e-5, abs=1e-7)
+    rate = [math.log(a / b) / 0.5 for a, b in zip(xs, xs[1:])]  # -d ln(excess)/dt
+    assert rate[0] > 3 / 25.0 and rate[-1] == pytest.approx(1 / 25.0, rel=0.02)
+    one = cooling(hot_gpu(part, 300.0), 60.0, 0.5)  # the shipped single stage: one rate throughout
+    assert [math.log(a / b) / 0.5 for a, b in zip(one, one[1:])] == pytest.approx([1 / 25.0] * 120, rel=1e-9)
+
+
+def test_exponential_leakage_grows_faster_than_linear_with_the_same_slope_at_the_reference():
+    lin, exp = sim_config(), sim_config(static_temp_curvature=0.035)
+    ref, c = lin.static_ref_c, lin.static_temp_coeff
+    assert exp.static_scale_at(ref) == lin.static_scale_at(ref) == 1.0
+    assert (exp.static_scale_at(ref + 0.01) - exp.static_scale_at(ref - 0.01)) / 0.02 == pytest.approx(c, rel=1e-4)
+    steps = [exp.static_scale_at(t + 5.0) - exp.static_scale_at(t) for t in range(35, 70, 5)]
+    assert all(b > 1.15 * a for a, b in zip(steps, steps[1:]))  # each 5 C adds more than the last: convex
+    linear = [lin.static_scale_at(t + 5.0) - lin.static_scale_at(t) for t in range(35, 70, 5)]
+    assert linear == pytest.approx([5 * c] * 7)
+    for t in (40.0, 70.0):  # above its tangent at the reference on either side
+        assert exp.static_scale_at(t) > lin.static_scale_at(t)
+
+
+def test_exponential_leakage_drives_the_simulated_power(part):
+    lin = hot_gpu(part, 1.0)
+    gpu = hot_gpu(part, 1.0, static_temp_curvature=0.035)
+    out = gpu.outcome(part, part.slots[0].label, 12, gpu.gpu.max_mhz)
+    static = [gpu._draw(out, t) - out.dynamic_j / out.time_s for t in (40.0, 50.0, 60.0, 70.0)]
+    assert static[3] - static[2] > 1.3 * (static[1] - static[0])  # steeper the hotter
+    lin_static = [lin._draw(out, t) - out.dynamic_j / out.time_s for t in (40.0, 50.0, 60.0, 70.0)]
+    assert lin_static[3] - lin_static[2] == pytest.approx(lin_static[1] - lin_static[0])
+    # the heat that static power makes follows it: run hot for long, the exponential GPU settles hotter
+    assert hot_gpu(part, 400.0, static_temp_curvature=0.035).temperature() > hot_gpu(part, 400.0).temperature()
+
+
+FAN = dict(fan_r_scale=0.7, fan_on_c=44.0, fan_hysteresis_c=3.0)  # high above 44 C, low again below 41 C
+
+
+def test_a_fan_step_speeds_cooling_above_its_threshold_with_hysteresis(part):
+    def rate(gpu) -> float:  # cooling rate (C/s) from here over the next 0.1 s
+        t0 = gpu.temperature()
+        gpu.idle(0.1)
+        return (t0 - gpu.temperature()) / 0.1
+
+    gpu = hot_gpu(part, 120.0, **FAN)
+    assert gpu._net.fan_high and gpu.temperature() > 42.0
+    cfg, idle = gpu.cfg, gpu.idle_temperature()
+    high = cfg.ambient_c + 0.7 * cfg.thermal_r_c_per_w * cfg.idle_power_w  # what idling with the fans high nears
+    seen = []
+    while gpu.temperature() > 39.0:
+        t, on = gpu.temperature(), gpu._net.fan_high
+        seen.append((t, rate(gpu), on))
+    above = [(t, r) for t, r, on in seen if on]
+    below = [(t, r) for t, r, on in seen if not on]
+    assert above and below and min(t for t, _ in above) == pytest.approx(41.0, abs=0.2)  # off at 44 - 3 C
+    t_hi, r_hi = above[-1]
+    t_lo, r_lo = below[0]
+    assert r_hi == pytest.approx((t_hi - high) / (0.7 * 25.0), rel=0.02)  # the heatsink's 0.7x resistance and tau
+    assert r_lo == pytest.approx((t_lo - idle) / 25.0, rel=0.02)
+    assert r_lo < 0.75 * r_hi  # an abrupt step down in the cooling rate at the threshold
+    # hysteresis: heated to 43 C (never past 44) the fans stay low and it cools at the low rate
+    warm = hot_gpu(part, 1.0, **FAN)
+    while warm.temperature() < 43.0:
+        warm.measure(part, at_top_clock(part, warm), 0.5)
+    assert not warm._net.fan_high
+    t = warm.temperature()
+    assert rate(warm) == pytest.approx((t - idle) / 25.0, rel=0.02)

@@ -20,6 +20,7 @@ import random
 from typing import Sequence
 
 from kareus.hardware.base import GPUSpec, LockedClock
+from kareus.hardware.heat import HeatNetwork
 from kareus.hardware.model import Outcome, simulate, simulate_partition
 from kareus.hardware.sim_config import SimConfig
 from kareus.registry import HARDWARE
@@ -37,6 +38,8 @@ class SimulatedGPU(LockedClock):
         self._draws: dict[str, int] = {}  # windows taken per noise key
         self._clock = self.gpu.max_mhz
         self._temp = self.idle_temperature()
+        # heat physics of another form (heat.py), integrated numerically; None: the shipped model, exact
+        self._net = HeatNetwork(cfg, self._temp) if cfg.heat_options_on else None
         self._now = 0.0
         self._drawn: list[tuple[float, float, float]] = []  # (start, end, W) of the last counter periods
         self._phase = random.Random(f"{seed}|phase").uniform(0.0, cfg.counter_period_s)
@@ -58,7 +61,11 @@ class SimulatedGPU(LockedClock):
         """A cooldown: the GPU idles and cools toward its idle temperature; never sleeps."""
         if seconds <= 0:
             return
-        self._temp = self._relax(self.idle_temperature(), seconds)
+        if self._net is not None:
+            self._net.run(lambda _: self.cfg.idle_power_w, seconds)
+            self._temp = self._net.temperature()
+        else:
+            self._temp = self._relax(self.idle_temperature(), seconds)
         self._advance(seconds, self.cfg.idle_power_w)
 
     # -- physics with the power cap ----------------------------------------------------------------
@@ -91,7 +98,13 @@ class SimulatedGPU(LockedClock):
         judges."""
         if out.time_s <= 0:
             return 0.0
+        if self._net is not None:
+            return self._draw(out, self._net.settle(lambda t: self._draw(out, t)))
         return out.dynamic_j / out.time_s + self._static_w(out, self._settling(out)[0])
+
+    def _draw(self, out: Outcome, temp_c: float) -> float:
+        """Board power of ``out`` run back to back at die temperature ``temp_c``."""
+        return out.dynamic_j / out.time_s + self._static_w(out, temp_c)
 
     def _settling(self, out: Outcome) -> tuple[float, float]:
         """(temperature, time constant) that running ``out`` settles toward. Static power grows with
@@ -115,6 +128,10 @@ class SimulatedGPU(LockedClock):
         the mean power; every execution heats the GPU, read or not."""
         if seconds <= 0 or out.time_s <= 0:
             return self.cfg.idle_power_w
+        if self._net is not None:
+            mean = self._net.run(lambda t: self._draw(out, t), seconds)
+            self._temp = self._net.temperature()
+            return mean
         settled, tau = self._settling(out)
         decay = math.exp(-seconds / tau)
         mean = settled + (self._temp - settled) * tau / seconds * (1.0 - decay)

@@ -70,6 +70,14 @@ class SimConfig(GPUConfig):
     thermal_tau_s: float = 25.0
     static_ref_c: float = 55.0  # temperature at which static power equals static_power_w
     static_temp_coeff: float = 0.006  # relative static-power rise per degree C
+    # heat physics of another form than the cooldown policies assume (kareus/hardware/heat.py): all off
+    # here; benchmarks/cooldown.py turns them on, with the values it states and where they come from
+    thermal_fast_frac: float = 0.0  # share of thermal_r_c_per_w in a fast die-to-heatsink stage (0: one stage)
+    thermal_fast_tau_s: float = 2.0  # that stage's time constant; thermal_tau_s is then the heatsink-to-air one
+    static_temp_curvature: float = 0.0  # per C: leakage grows as exp(this x (T - static_ref_c)) (0: linear)
+    fan_r_scale: float = 1.0  # heatsink-to-air resistance with the fans high, relative to low (1: no fan step)
+    fan_on_c: float = 48.0  # the fans go high above this die temperature ...
+    fan_hysteresis_c: float = 3.0  # ... and back low below fan_on_c minus this
     # measurement
     counter_period_s: float = 0.1  # NVML energy counter update period
     time_noise: float = 0.002  # relative run-to-run jitter of execution time
@@ -123,14 +131,48 @@ class SimConfig(GPUConfig):
             out.append(f"hardware.static_ref_c/static_temp_coeff: static power would fall to 0 W at the ambient "
                        f"{self.ambient_c} C (1 + static_temp_coeff x (ambient_c - static_ref_c) = "
                        f"{self.static_scale_at(self.ambient_c):.3g}); it must stay above 0")
+        out += self._heat_option_problems()
         if self.thermal_loop_gain >= 1:  # each watt of static power heats the GPU into a watt more: no steady state
             out.append(f"hardware.thermal_r_c_per_w x static_power_w x static_temp_coeff: must be below 1 "
                        f"(thermal runaway), got {self.thermal_loop_gain:.3g}")
         return out
 
     def static_scale_at(self, temp_c: float) -> float:
-        """Static power at ``temp_c`` relative to ``static_power_w`` (at full voltage), before its 0 W floor."""
+        """Static power at ``temp_c`` relative to ``static_power_w`` (at full voltage), before its 0 W floor.
+
+        With ``static_temp_curvature`` b > 0 the leakage part grows exponentially: ``1 + c/b (exp(b dT) - 1)``
+        has the linear law's slope ``c`` at ``static_ref_c`` and rises faster than it above."""
+        b = self.static_temp_curvature
+        if b > 0:
+            return 1.0 + self.static_temp_coeff / b * math.expm1(b * (temp_c - self.static_ref_c))
         return 1.0 + self.static_temp_coeff * (temp_c - self.static_ref_c)
+
+    @property
+    def heat_options_on(self) -> bool:
+        """Whether any heat physics of kareus/hardware/heat.py is on (else the shipped model, solved exactly)."""
+        return self.thermal_fast_frac > 0 or self.static_temp_curvature > 0 or self.fan_r_scale != 1.0
+
+    def _heat_option_problems(self) -> list[str]:
+        """Ranges of the heat options: a share of the resistance, fans that cool better when high, and
+        fans that are low at idle (idle_temperature assumes so)."""
+        out = out_of_bounds(self, "hardware.", nonnegative=("static_temp_curvature", "fan_hysteresis_c"),
+                            positive=("thermal_fast_tau_s",))
+        if not 0 <= self.thermal_fast_frac < 1:
+            out.append(f"hardware.thermal_fast_frac: must be in [0, 1), got {self.thermal_fast_frac}")
+        if not 0 < self.fan_r_scale <= 1:
+            out.append(f"hardware.fan_r_scale: must be in (0, 1], got {self.fan_r_scale}")
+        idle_c = self.ambient_c + self.thermal_r_c_per_w * self.idle_power_w
+        if self.fan_r_scale < 1 and not self.fan_on_c - self.fan_hysteresis_c > idle_c:
+            out.append(f"hardware.fan_on_c: fan_on_c - fan_hysteresis_c must be above the idle temperature "
+                       f"{idle_c:.3g} C, got {self.fan_on_c} - {self.fan_hysteresis_c}")
+        hot_c = self.ambient_c + self.thermal_r_c_per_w * self.tdp_w  # leakage's loop gain grows with heat
+        if self.static_temp_curvature > 0 and math.isfinite(hot_c - self.static_ref_c):
+            rise = min(50.0, self.static_temp_curvature * (hot_c - self.static_ref_c))
+            gain = self.thermal_loop_gain * math.exp(rise)
+            if gain >= 1:
+                out.append(f"hardware.static_temp_curvature: thermal runaway at the temperature the TDP heats the "
+                           f"GPU to ({hot_c:.3g} C): loop gain {gain:.3g}, must be below 1")
+        return out
 
     @property
     def thermal_loop_gain(self) -> float:
