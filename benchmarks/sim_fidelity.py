@@ -11,7 +11,10 @@ that conf/hardware/a100_sim.yaml states; ``HARNESS`` expresses how the measured 
 
     python benchmarks/sim_fidelity.py [--src ../shared/data/a100_attention_tp2]
 
-Writes runs/bench/sim_fidelity.json and prints the fitted values for conf/hardware/a100_sim.yaml.
+Writes runs/bench/sim_fidelity.json (with ``repeat_spread``: how far the real table's own repeats
+spread, the yardstick for the simulator's reading noise) and prints the fitted values for
+conf/hardware/a100_sim.yaml. ``benchmarks/paper.py --sensitivity`` refits with ``refit`` after drawing
+the assumed parameters.
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from kareus.hardware.model import simulate  # noqa: E402
 from kareus.hardware.sim_config import SimConfig  # noqa: E402
-from kareus.hardware.tables import FILES, attention_ops, read_windows  # noqa: E402
+from kareus.hardware.tables import FILES, attention_ops, read_windows, repeat_spread  # noqa: E402
 
 FIT_WINDOWS = ((-1, -1), (0, 6))
 FIT_CLOCK = 1410
@@ -75,11 +78,13 @@ def predict(cfg: SimConfig, row: dict, mhz: int, ideal: bool = False) -> tuple[f
     return o.time_s, o.dynamic_j + cfg.static_power_w * o.static_scale * o.time_s
 
 
-def fit(rows: list[dict], names: list[str], ideal: bool, starts: int = 4) -> tuple[SimConfig, float]:
-    """Least squares on log time and log energy of the fit rows, from the priors and a few restarts."""
+def fit(rows: list[dict], names: list[str], ideal: bool, starts: int = 4,
+        base: SimConfig | None = None) -> tuple[SimConfig, float]:
+    """Least squares on log time and log energy of the fit rows, from the priors and a few restarts;
+    every field not fitted is ``base``'s (default: the shipped priors under ``HARNESS``)."""
     from scipy.optimize import least_squares
 
-    base = base_config()
+    base = base_config() if base is None else base
     x0 = np.array([FIT[k][0] for k in names])
     lb = np.array([FIT[k][1] for k in names])
     ub = np.array([FIT[k][2] for k in names])
@@ -107,6 +112,7 @@ def fit(rows: list[dict], names: list[str], ideal: bool, starts: int = 4) -> tup
 
 
 def scores(cfg: SimConfig, test: dict[int, list[dict]], ideal: bool) -> dict:
+    """Median APE and Spearman rho of time and energy on the held-out rows, per clock and pooled."""
     from scipy.stats import spearmanr
 
     per, apes_t, apes_e = {}, [], []
@@ -127,23 +133,35 @@ def scores(cfg: SimConfig, test: dict[int, list[dict]], ideal: bool) -> dict:
     }
 
 
+def split(src: Path) -> tuple[list[dict], dict[int, list[dict]], dict[int, list[dict]]]:
+    """The real tables by clock, the two fit windows' default-clock rows, and every other row (held out)."""
+    data = {mhz: read_windows(src / name) for mhz, name in FILES.items()}
+    fit_rows = [r for r in data[FIT_CLOCK] if (r["start"], r["end"]) in FIT_WINDOWS]
+    test = {FIT_CLOCK: [r for r in data[FIT_CLOCK] if (r["start"], r["end"]) not in FIT_WINDOWS]}
+    test.update({mhz: rows for mhz, rows in data.items() if mhz != FIT_CLOCK})
+    return data, fit_rows, test
+
+
+def refit(base: SimConfig, fit_rows: list[dict], test: dict[int, list[dict]]) -> dict:
+    """The model and the ideal-overlap baseline fitted from ``base``'s priors, and their held-out scores."""
+    names = list(FIT)
+    model, rms = fit(fit_rows, names, ideal=False, base=base)
+    baseline, base_rms = fit(fit_rows, [k for k in names if k not in BASELINE_SKIP], ideal=True, base=base)
+    return {"model": model, "rms": rms, "baseline": baseline, "baseline_rms": base_rms,
+            "scores": scores(model, test, False), "baseline_scores": scores(baseline, test, True)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--src", default=str(ROOT.parent / "shared/data/a100_attention_tp2"))
     ap.add_argument("--out", default=str(ROOT / "runs/bench/sim_fidelity.json"))
     args = ap.parse_args()
-    src = Path(args.src)
-    data = {mhz: read_windows(src / name) for mhz, name in FILES.items()}
-    fit_rows = [r for r in data[FIT_CLOCK] if (r["start"], r["end"]) in FIT_WINDOWS]
-    test = {FIT_CLOCK: [r for r in data[FIT_CLOCK] if (r["start"], r["end"]) not in FIT_WINDOWS]}
-    test.update({mhz: rows for mhz, rows in data.items() if mhz != FIT_CLOCK})
+    data, fit_rows, test = split(Path(args.src))
 
     t0 = time.perf_counter()
     names = list(FIT)
-    model, rms = fit(fit_rows, names, ideal=False)
-    base_names = [k for k in names if k not in BASELINE_SKIP]
-    baseline, base_rms = fit(fit_rows, base_names, ideal=True)
-    m, b = scores(model, test, False), scores(baseline, test, True)
+    got = refit(base_config(), fit_rows, test)
+    model, rms, m, b = got["model"], got["rms"], got["scores"], got["baseline_scores"]
     secs = time.perf_counter() - t0
 
     print(f"Simulated A100 (simulated numbers) vs the real table: fitted {len(names)} parameters on {len(fit_rows)} rows "
@@ -159,6 +177,11 @@ def main() -> None:
           f"{m['time_spearman']:>9.3f} {m['energy_spearman']:>10.3f} | {b['time_median_ape']:>10.3f} "
           f"{b['energy_median_ape']:>10.3f} {b['time_spearman']:>10.3f} {b['energy_spearman']:>10.3f}  "
           "(rho: the lower of the two clocks' values)")
+    spread = repeat_spread(data)
+    print("the real table's own repeats spread (medians over rows of (max - min) / median and, as CV, stdev / mean):")
+    for k, v in spread.items():
+        print(f"{k:>6} {v['rows']:>5} | time {100 * v['time_range']:.2f}% (CV {100 * v['time_cv']:.2f}%), "
+              f"energy {100 * v['energy_range']:.2f}% (CV {100 * v['energy_cv']:.2f}%)")
     result = {
         "description": "the simulated A100's predictions (simulated numbers) against the real A100 table: median "
                        "absolute percentage error and Spearman rank correlation of time and energy, beside an "
@@ -171,6 +194,8 @@ def main() -> None:
         # per clock (the pooled medians above weigh the default clock's rows 280 to 118): the model and
         # the ideal-overlap baseline do not rank the same at both
         "per_clock": {"model": m["per_clock"], "baseline": b["per_clock"]},
+        # the real table's own repeat spread (not the simulator's), per clock and pooled
+        "repeat_spread": spread,
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -47,3 +47,10 @@ def test_tracking_defaults_compose(composer):
     assert t.uri == "sqlite:///runs/mlflow.db" and t.experiment == "kareus" and t.telemetry is False
     with pytest.raises(Exception):
         composer("tracking.enabld=false")  # typos fail at composition
+
+
+def test_nanobatch_perseus_is_plain_nanobatching_planned_by_perseus(composer):
+    cfg = composer("+experiment=nanobatch_perseus")
+    assert list(cfg.search.space.slots) == ["first"] and list(cfg.search.space.sms) == [16]
+    assert cfg.search.name == "exhaustive" and cfg.compose.name == "perseus"
+    assert cfg.plan.megatron_layout is False  # no fallback to Megatron's layout: N+P as the baseline runs

@@ -3,7 +3,8 @@
 Every default is the A100-SXM4-40GB (as conf/hardware/a100_sim.yaml, which gives each value's
 source). Seven are fitted by benchmarks/sim_fidelity.py to the real A100 table: host_scale,
 comm_sm_gbps, comm_link_eff, contention_sm, contention_hbm, p_sm_w, and the recorded harness's
-per-call idle host_gap_s, which Kareus' own profiler and runtime do not have (``host_ahead``).
+per-call idle host_gap_s, which Kareus' own profiler and runtime do not have (``host_ahead``). The
+assumed ones' plausible ranges are kareus/hardware/assumed.py's.
 """
 from __future__ import annotations
 

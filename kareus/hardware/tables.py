@@ -11,6 +11,7 @@ import io
 import math
 import statistics
 from pathlib import Path
+from typing import Mapping
 
 from kareus.hardware.replay import TableError, read_text
 from kareus.types import Collective, Direction, Link, Op, OpKind, PartitionType, Slot, SEQUENTIAL
@@ -131,6 +132,27 @@ def read_windows(path: str | Path, block_size: int = BLOCK_SIZE) -> list[dict]:
                                  f"comm_sm_number, comm_block_size and k:time (s), k:total energy (J) per repeat k") from None
             except (TypeError, ValueError):
                 raise TableError(f"{path}: line {line}: a value that is not a number") from None
+    return out
+
+
+def repeat_spread(tables: Mapping[int, list[dict]]) -> dict[str, dict[str, float]]:
+    """How far one setting's repeats spread in the real tables (``read_windows`` rows by clock), per clock
+    and pooled (``all``): medians over rows of (max - min) / median and of the coefficient of variation
+    (sample standard deviation / mean), in time and energy. The simulator's reading noise is judged
+    against these, so the docs quote them from here rather than typing them."""
+    groups = {str(mhz): rows for mhz, rows in tables.items()}
+    groups["all"] = [r for rows in tables.values() for r in rows]
+    return {name: _spread(rows) for name, rows in groups.items()}
+
+
+def _spread(rows: list[dict]) -> dict[str, float]:
+    out: dict[str, float] = {"rows": len(rows)}
+    for what, key in (("time", "times"), ("energy", "energies")):
+        reps = [r[key] for r in rows if len(r[key]) > 1]  # a single reading has no spread
+        ranges = [(max(v) - min(v)) / statistics.median(v) for v in reps]
+        cvs = [statistics.stdev(v) / statistics.mean(v) for v in reps]
+        out[f"{what}_range"] = statistics.median(ranges) if ranges else math.nan
+        out[f"{what}_cv"] = statistics.median(cvs) if cvs else math.nan
     return out
 
 
