@@ -16,8 +16,8 @@ def closes(monkeypatch):
     closed: list[str] = []
     build = searching.make_backend
 
-    def counted(ctx):
-        backend = build(ctx)
+    def counted(ctx, seed=None):
+        backend = build(ctx, seed)
         backend.close = lambda: closed.append(backend.name)
         return backend
 
