@@ -17,10 +17,18 @@ Beside them, the energy the least-energy plan within Megatron's time saves again
 (Megatron's layout with a clock per instruction, composed the same way) at that time: the published
 system's headline comparison.
 
+``--noisy`` runs search_efficiency.py's noisy protocol instead: every measurement a search takes is a
+fresh reading (the simulated GPU's reading noise on, each search on a GPU of its own, every reading
+charged to the budget), while the lookup every plan is priced from, the residual work and Megatron's
+reference are read with the reading noise off (the truth). Each searcher's measured settings are
+composed at that truth, as search_efficiency.py scores a reported front at it: what noise cost is
+the settings the search did not find.
+
     python benchmarks/plan_quality.py            # mbo, tpe, artifact, random at 10% and 15%, 3 seeds
     python benchmarks/plan_quality.py --quick    # 1 seed
+    python benchmarks/plan_quality.py --noisy    # the noisy protocol
 
-Writes runs/bench/plan_quality.json.
+Writes runs/bench/plan_quality.json (``--noisy``: plan_quality_noisy.json).
 """
 from __future__ import annotations
 
@@ -62,8 +70,41 @@ def workload_context(model: str, parallel: str, run_dir: Path):
     return build_context(cfg, validate(cfg), run_dir)
 
 
-def exhaustive_inputs(ctx, label: str, run_dir: Path):
-    """Every partition measured over its whole space, then the residual work and the reference."""
+def quiet_backend(ctx):
+    """The run's simulated GPU with its reading noise off: the noisy protocol's truth."""
+    from dataclasses import replace
+
+    from kareus.pipeline.searching import hardware_config
+    from kareus.registry import HARDWARE
+
+    hw = replace(hardware_config(ctx), time_noise=0.0, power_noise=0.0)
+    return HARDWARE.build(ctx.hardware_name, config=hw, seed=int(ctx.cfg.seed))
+
+
+def with_readings(ctx, truths: list) -> list:
+    """``truths`` with the noisy protocol's fresh readings: the run's simulated GPU, reading noise on."""
+    from dataclasses import asdict
+
+    from kareus.pipeline.searching import hardware_config
+
+    hw = asdict(hardware_config(ctx))
+    for t in truths:
+        t.readings = se.SimReadings(hw, t.partition)
+    return truths
+
+
+def settings_at_truth(truth, result):
+    """A noisy search's result with each setting it measured at ``truth``: plans composed from what it
+    found, priced without its reading noise (as search_efficiency.py scores a reported front)."""
+    from dataclasses import replace
+
+    found = [m.candidate for m in result.per_setting() if not m.failed]
+    return replace(result, measurements=truth.evaluate(found), settings=[])
+
+
+def exhaustive_inputs(ctx, label: str, run_dir: Path, noise: bool = True):
+    """Every partition measured over its whole space, then the residual work and the reference
+    (``noise=False``: with the simulated GPU's reading noise off)."""
     from kareus.pipeline.composing import measure_fixed_work, measure_perseus_space
     from kareus.pipeline.searching import make_backend
     from kareus.profiler import Journal, Profiler, ProfilerConfig
@@ -71,7 +112,7 @@ def exhaustive_inputs(ctx, label: str, run_dir: Path):
     from kareus.registry import SEARCHERS as REG, to_dataclass
     from kareus.search import build_space
 
-    backend = make_backend(ctx)
+    backend = make_backend(ctx) if noise else quiet_backend(ctx)
     space_cfg = ctx.typed["search"].space
     truths = [se.measure_space(label, backend, t, build_space(t, ctx.gpu, space_cfg)) for t in ctx.partitioning.types]
     results = [REG.build("exhaustive", config={"seed": 0}).run(se.problem(t, len(t.space), 0))
@@ -119,15 +160,19 @@ def compare(ours: dict, exh: dict, perseus_energy_j: float | None = None) -> dic
     return out
 
 
-def run_workload(model: str, parallel: str, searchers, budgets, seeds: int) -> list[dict]:
+def run_workload(model: str, parallel: str, searchers, budgets, seeds: int, protocol: str = "lookup") -> list[dict]:
+    """Rows of every searcher, budget and seed on one workload under ``protocol`` (lookup or noisy)."""
     from kareus.pipeline.composing import compose
     from kareus.registry import SEARCHERS as REG
 
     rows = []
+    noisy = protocol == "noisy"
     with tempfile.TemporaryDirectory() as tmp:
         ctx = workload_context(model, parallel, Path(tmp))
         t0 = time.perf_counter()
-        truths, results, fixed = exhaustive_inputs(ctx, f"{model}-{parallel}", Path(tmp))
+        truths, results, fixed = exhaustive_inputs(ctx, f"{model}-{parallel}", Path(tmp), noise=not noisy)
+        if noisy:
+            with_readings(ctx, truths)
         comp = compose(ctx, results, fixed)
         ref_t = comp.reference.time_s
         exh = plan_points(comp.frontier, ref_t)
@@ -139,16 +184,22 @@ def run_workload(model: str, parallel: str, searchers, budgets, seeds: int) -> l
         for frac in budgets:
             for seed in range(seeds):
                 for name in searchers:
-                    res = []
+                    raw = []
                     for t in truths:
                         budget = se.budget_of(frac, len(t.space))
-                        s = REG.build(name, config=se.searcher_config(name, seed, budget))
-                        res.append(s.run(se.problem(t, budget, seed)))
+                        s = REG.build(se.searcher_name(name), config=se.searcher_config(name, seed, budget))
+                        raw.append(s.run(se.for_protocol(se.problem(t, budget, seed), t, protocol)))
+                    res = [settings_at_truth(t, r) for t, r in zip(truths, raw)] if noisy else raw
                     ours = plan_points(compose(ctx, res, fixed).frontier, ref_t)
                     rows.append({"workload": f"{model}-{parallel}", "searcher": name, "budget_frac": frac, "seed": seed,
-                                 "profiled": sum(len(r.measurements) for r in res), **compare(ours, exh, perseus)})
+                                 "profiled": sum(len(r.measurements) for r in raw), **compare(ours, exh, perseus)})
                 print(f"  budget {frac:g} seed {seed} done", flush=True)
     return rows
+
+
+NOISY = ("; noisy protocol: every reading a search takes is fresh (reading noise on, each search on a GPU of its "
+         "own, every reading charged), while the candidates, residual work and Megatron's reference are priced "
+         "with the reading noise off, and each searcher's measured settings are composed at those prices")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -157,25 +208,27 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--quick", action="store_true", help="1 seed")
     ap.add_argument("--searchers", default=",".join(SEARCHERS))
     ap.add_argument("--budgets", default=",".join(str(b) for b in BUDGETS))
-    ap.add_argument("--out", default=str(ROOT / "runs" / "bench" / "plan_quality.json"))
+    ap.add_argument("--noisy", action="store_true", help="search_efficiency.py's noisy protocol (see above)")
+    ap.add_argument("--out", default=None, help="default: runs/bench/plan_quality[_noisy].json")
     args = ap.parse_args(argv)
+    protocol = "noisy" if args.noisy else "lookup"
     seeds = 1 if args.quick else args.seeds
     searchers = [s for s in args.searchers.split(",") if s]
     budgets = tuple(float(b) for b in args.budgets.split(","))
     t0 = time.perf_counter()
     rows = []
     for model, parallel in se.WORKLOADS:
-        rows += run_workload(model, parallel, searchers, budgets, seeds)
+        rows += run_workload(model, parallel, searchers, budgets, seeds, protocol)
     metrics = ("hv_ratio", "deadline_met", "deadline_extra_energy", "fastest_extra_energy", "fastest_extra_time",
                "perseus_energy_saving")
     doc = {"description": "iteration frontiers composed from each searcher's measured candidates against the "
                           "composition of every candidate (simulated A100): HV ratio, and the extra energy "
                           "(and time) of the least-energy plan within Megatron's time and of the fastest plan; "
                           "the energy that plan saves against Megatron + Perseus at Megatron's time "
-                          "(exhaustive: every candidate, budget 1.0)",
-           "workloads": [f"{m}-{p}" for m, p in se.WORKLOADS], "seeds": seeds,
+                          "(exhaustive: every candidate, budget 1.0)" + (NOISY if args.noisy else ""),
+           "protocol": protocol, "workloads": [f"{m}-{p}" for m, p in se.WORKLOADS], "seeds": seeds,
            **{m: se.summarise(rows, m) for m in metrics}, "runs": rows, "wall_s": time.perf_counter() - t0}
-    out = Path(args.out)
+    out = Path(args.out or ROOT / "runs" / "bench" / f"plan_quality{'_noisy' if args.noisy else ''}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")
     print_table(doc, (*budgets, 1.0))

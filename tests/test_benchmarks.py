@@ -175,3 +175,154 @@ def test_the_model_ceiling_reads_a_second_table_or_one_repeat_per_setting():
     again.table[b2], again.table[b4] = (3.2, 1.2, 0.0), (3.0, 1.0, 0.0)
     assert se.model_ceiling([sim], {}, (0.5,)) == {}
     assert se.model_ceiling([sim], {("recorded", "p"): again}, (0.75,))["recorded"]["0.75"] < 1.0
+
+
+# --- the noisy protocol and the held-out family -----------------------------------------------------
+
+TINY = [("tiny", *se.conf_workload("tiny", "pp1_tp2"))]
+
+
+def test_noisy_readings_are_fresh_while_the_truth_they_are_scored_at_is_fixed():
+    truth = se.sim_truths(workloads=TINY, keys=("fwd_mlp",), noise=False)[0]
+    assert se.sim_truths(workloads=TINY, keys=("fwd_mlp",), noise=False)[0].table == truth.table
+    assert se.sim_truths(workloads=TINY, keys=("fwd_mlp",))[0].table != truth.table  # noise on differs
+    c = truth.space[len(truth.space) // 2]
+    read = se.Counted(truth.readings.reader(seed=0), budget=2)
+    first, again = read([c]) + read([c])
+    assert first.energy_j != again.energy_j and first.time_s != again.time_s
+    assert abs(first.energy_j / truth.table[c][1] - 1) < 0.05  # noise, not another setting
+    with pytest.raises(RuntimeError, match="3 readings on a budget of 2"):  # a repeat is charged too
+        read([c])
+    # a searcher's reported front is scored at the truth of its settings, not at its readings
+    prob = se.for_protocol(se.problem(truth, 12, 0), truth, "noisy")
+    import kareus.search  # noqa: F401
+    from kareus.registry import SEARCHERS
+
+    res = SEARCHERS.build("random", config={"seed": 0, "budget": 12}).run(prob)
+    assert prob.evaluate.readings == 12
+    scored = se.at_truth(truth, res.frontier)
+    assert [tuple(p) for p in scored] == [truth.table[p.payload.candidate][:2] for p in res.frontier]
+    assert not np.allclose(scored, [[p.time_s, p.energy_j] for p in res.frontier])
+    assert se.score(truth, res, truthful=True) == se.score(truth, res, truthful=True)
+
+
+def test_a_recorded_table_serves_its_repeats_in_turn_from_a_seeded_start():
+    t = truth({**FRONT, ("b", 4): [(3.2, 1.1), (3.3, 1.2), (3.1, 1.0)]})
+    c = next(c for c in t.space if (c.slot, c.sms) == ("b", 4))
+    got = [m.energy_j for m in se.ReplayReadings(t.repeats, 10.0).reader(seed=3)([c] * 4)]
+    assert sorted(got[:3]) == [1.0, 1.1, 1.2] and got[3] == got[0]
+    starts = {se.ReplayReadings(t.repeats, 10.0).reader(seed=s)([c])[0].energy_j for s in range(12)}
+    assert len(starts) > 1  # seeds start at different repeats
+
+
+def hydra_overrides(w) -> list[str]:
+    """The held-out workload as overrides of the shipped configs, for the project's own validate()."""
+    import heldout
+
+    m, p = w.model, w.parallel
+    out = ["+model=tiny", "parallel=pp1_tp2", f"hardware={w.gpu}"]
+    out += [f"model.{k}={getattr(m, k)}" for k in ("name", "num_layers", "hidden_size", "ffn_hidden_size",
+                                                   "num_attention_heads", "num_kv_heads", "head_dim", "vocab_size",
+                                                   "tied_embeddings", "qk_layernorm")]
+    out += [f"parallel.{k}={getattr(p, k)}" for k in ("tp", "pp", "cp", "micro_batch_size", "num_microbatches",
+                                                      "seq_len", "nanobatches", "recompute", "sequence_parallel")]
+    base = heldout.shipped(w.gpu)
+    return out + [f"hardware.{k}={v!r}" for k, v in w.hardware.items() if v != base[k]]
+
+
+def test_heldout_seeds_are_split_and_every_workload_validates_and_builds(compose):
+    import heldout
+
+    import kareus.hardware  # noqa: F401
+    from kareus.config.validate import validate
+    from kareus.registry import HARDWARE, PARTITIONERS
+    from kareus.workload import build_workload
+
+    assert not set(heldout.TUNING_SEEDS) & set(heldout.REPORT_SEEDS)
+    assert all(heldout.is_report_seed(s) for s in heldout.seeds("report", 5))
+    assert not any(heldout.is_report_seed(s) for s in heldout.seeds("tuning", 100))
+    for seed in (0, 1, 1000, 1001):
+        w = heldout.draw(seed)
+        assert heldout.draw(seed) == w and heldout.draw(seed).hardware == w.hardware  # the same every time
+        base = heldout.shipped(w.gpu)
+        changed = {k for k, v in w.hardware.items() if v != base[k]}
+        assert changed <= heldout.assumed_keys(w.gpu) and set(heldout.NOISE) <= changed
+        assert not heldout.problems(w.model, w.parallel, w.hardware)
+        validate(compose(*hydra_overrides(w)))  # raises ConfigError listing any problem
+        backend = HARDWARE.build("sim", config=w.hardware, seed=0)
+        types = PARTITIONERS.build("nanobatch", config={}).partition(build_workload(w.model, w.parallel)).types
+        kept = [t for t in types if t.key in w.partitions]
+        assert len(kept) == len(w.partitions) >= 1
+        for t in kept:
+            space = w.space(t, backend.gpu)
+            assert 50 <= len(space) <= 140 and {c.slot for c in space} == set(w.slots[t.key])
+            table = se.measure_space(w.label, backend, t, space).table  # raises on a failed reading
+            assert np.all(np.isfinite(list(table.values()))) and np.all(np.array(list(table.values()))[:, :2] > 0)
+
+
+def test_heldout_draws_only_what_the_configs_label_assumed():
+    import heldout
+
+    for gpu in heldout.GPUS:
+        assumed = heldout.assumed_keys(gpu)
+        assert {"eff_gemm", "thermal_tau_s", "power_noise"} <= assumed
+        assert not assumed & {"host_scale", "comm_sm_gbps", "comm_link_eff", "contention_sm", "contention_hbm",
+                              "p_sm_w", "sms", "max_mhz"}  # fitted or datasheet
+    assert "static_power_w" not in heldout.assumed_keys("a100_sim")  # the paper's figure
+    assert "static_power_w" in heldout.assumed_keys("h100_sim")
+
+
+def test_a_quick_noisy_run_writes_the_noisy_summary(tmp_path):
+    out = tmp_path / "se.json"
+    doc = se.main(["--noisy", "--workload", "tiny:pp1_tp2:a100_sim", "--partitions", "fwd_trail", "--no-replay",
+                   "--seeds", "2", "--budgets", "0.1", "--searchers", "random", "--jobs", "1", "--no-timing",
+                   "--out", str(out)])
+    import json
+
+    written = json.loads(out.read_text())
+    assert written["protocols"] == ["noisy"] and "summary" not in written  # the lookup did not run
+    noisy = written["noisy"]
+    for key in ("summary", "summary_sem", "summary_dynamic", "igd_plus", "pareto_share", "by_workload",
+                "exhaustive_one_reading", "runs"):
+        assert key in noisy, key
+    assert set(noisy["summary"]) == {"random"} and 0 < noisy["summary"]["random"]["0.1"] <= 1
+    assert {r["protocol"] for r in noisy["runs"]} == {"noisy"} and len(noisy["runs"]) == 2
+    assert all(r["readings"] == r["budget"] == 16 for r in noisy["runs"])
+    assert doc["noisy"]["summary"] == noisy["summary"]
+
+
+# --- the published evaluation (benchmarks/paper.py) --------------------------------------------------
+
+def test_a_layout_the_memory_model_refuses_is_marked_oom_and_not_run(tmp_path):
+    import paper
+
+    row, out = paper.config_row(paper.Config("llama3.2-3b", "pp2_tp8", 64, 16384), [], tmp_path)
+    assert row["oom"] and "more than A100-SXM4-40GB's 40 GB" in row["oom_reason"] and out is None
+    assert row["megatron"] is row["kareus"] is None and row["memory_gb_least"] > 40
+    assert not list(tmp_path.iterdir())  # nothing was measured
+
+
+@pytest.mark.slow  # a tiny form of the whole benchmark: about 40 s
+def test_a_smoke_run_of_the_paper_benchmark_writes_every_part(tmp_path):
+    import json
+
+    import paper
+
+    out = tmp_path / "paper.json"
+    paper.main(["--smoke", "--out", str(out)])
+    doc = json.loads(out.read_text())
+    assert doc["simulated"] and doc["mode"] == "smoke"
+    (row,) = doc["configs"]
+    assert {"name", "oom", "megatron", "mp", "np", "kareus", "published", "search_cost"} <= set(row)
+    assert not row["oom"] and row["published"] == {"oom": False}
+    k = row["kareus"]
+    assert k["time_s"] <= row["megatron"]["time_s"] * (1 + 1e-9)  # Megatron's layout is one of its options
+    assert k["shortfall_vs_mp_pct"] == 0.0  # M+P's plans join Kareus' frontier
+    assert row["search_cost"]["profiled"] < row["search_cost"]["space"]
+    assert {"no_clock_search", "no_kernel_scheduling", "plain_nanobatching"} <= set(doc["ablations"]["variants"])
+    for v in doc["ablations"]["variants"].values():
+        assert {"equal_time", "max_throughput", "published", "disagreements"} <= set(v)
+    (seventy,) = doc["seventy_b"]
+    assert seventy["microbatches"] == 16 and seventy["dp"] * 8 * 16 == 2048 and seventy["kareus"]["time_s"] > 0
+    published_oom = [c.name for c in paper.CONFIGS if c.published_oom]
+    assert published_oom == ["llama3.2-3b tp8 mb8 s8192", "llama3.2-3b tp8 mb16 s4096"]

@@ -196,6 +196,29 @@ def test_a_remeasurement_reads_anew_is_charged_and_journaled_as_another_row(tmp_
     assert prof.measure(PART, cand()) is again and again is not first  # later asks: the newest
 
 
+def test_a_searchs_reread_is_a_row_of_its_own_and_a_resume_answers_each_reading(tmp_path):
+    """A search asks for a setting's k-th re-measurement by annotation: a new reading, charged and
+    journaled with ``reading:k``; a resumed run gets each reading back from its own row, never
+    another reading's, and measures only readings the journal lacks."""
+    from kareus.profiler.journal import reread
+
+    prof, be, journal, events = make(tmp_path)
+    be.script[cand()] = [None, ("scale", 1.1)]
+    first = prof.measure(PART, cand())
+    spent = prof.gpu_seconds(PART.key)
+    again = prof.measure(PART, cand(), {"reading": 1, "pass": "remeasure"})
+    assert again.energy_j == pytest.approx(1.1 * first.energy_j) and not events[-1].cached
+    assert reread(first) == 0 and reread(again) == 1 and "reading:1" in again.flags
+    assert prof.gpu_seconds(PART.key) > spent and journal.count(PART.key) == 2 and journal.duplicates() == []
+    assert prof.measure(PART, cand()) is first  # the first reading is still what it was
+    be2 = FakeBackend()
+    resumed = Profiler(ProfilerConfig(), be2, Journal.open(tmp_path / "j.sqlite", "h1"))
+    assert resumed.measure(PART, cand()) == first and resumed.measure(PART, cand(), {"reading": 1}) == again
+    assert be2.measure_calls == 0 and resumed.gpu_seconds(PART.key) == pytest.approx(prof.gpu_seconds(PART.key))
+    resumed.measure(PART, cand(), {"reading": 2})
+    assert be2.measure_calls > 0 and journal.count(PART.key) == 3
+
+
 def test_failed_reads_retried_then_recorded_failed(tmp_path):
     prof, be, journal, _ = make(tmp_path, retries=2)
     ok, bad = cand(sms=4), cand(sms=8)

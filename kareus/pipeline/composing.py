@@ -94,7 +94,7 @@ def measure_fixed_work(ctx: RunContext, profiler: Any, results: Sequence[SearchR
 
     assert ctx.partitioning is not None and ctx.workload is not None
     top = int(ctx.gpu.max_mhz)
-    clocks = sorted({int(m.candidate.freq_mhz) for r in results for m in r.measurements if not m.failed} | {top})
+    clocks = sorted({int(m.candidate.freq_mhz) for r in results for m in r.per_setting() if not m.failed} | {top})
     megatron = megatron_partitioning(ctx.workload)
     return FixedWork(
         residual={(w.stage, w.direction): _residual(profiler, w, clocks) for w in ctx.partitioning.work},
@@ -142,7 +142,7 @@ def compose(ctx: RunContext, results: Sequence[SearchResult], fixed: FixedWork) 
     from kareus.compose import fixed_option_frontier
 
     assert ctx.partitioning is not None
-    measured = {r.partition: [m for m in r.measurements if not m.failed] for r in results}
+    measured = {r.partition: [m for m in r.per_setting() if not m.failed] for r in results}  # re-read: its mean
     for key, anchor in fixed.anchors.items():
         known = measured.setdefault(key, [])
         if not anchor.failed and all(m.candidate != anchor.candidate for m in known):

@@ -3,7 +3,8 @@
 SQLite in WAL mode with ``synchronous=FULL``: a committed row survives SIGKILL and power loss, and
 several processes (the ``process`` and ``ray`` launchers' workers) can append to one file at once
 (writers serialise on SQLite's lock; ``busy_timeout`` makes them wait instead of failing).
-Rows are append-only: a candidate measured twice shows up twice, so tests can prove it never is.
+Rows are append-only: a candidate measured twice shows up twice, so tests can prove it never is,
+except where a search asked to read it again: such a row carries the flag ``reading:<k>``.
 The file remembers the config hash it was created with and the measurement revision of the Kareus
 that wrote it; opening it with another hash or under another revision is refused.
 A resumed run checks the old journal read-only and continues a copy of it in its own run directory,
@@ -16,6 +17,7 @@ import math
 import os
 import sqlite3
 import time
+from collections import Counter
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
@@ -93,6 +95,27 @@ CREATE TABLE IF NOT EXISTS measurements (
 );
 CREATE INDEX IF NOT EXISTS measurements_key ON measurements (partition, slot, sms, freq_mhz);
 """
+# every column of a measurement row but its id, in table order
+ROW_COLUMNS = ("partition", "slot", "sms", "freq_mhz", "failed", "time_s", "energy_j", "dynamic_energy_j",
+               "static_power_w", "temperature_c", "measured_freq_mhz", "repeats", "flags", "readings", "backend",
+               "clock_mhz", "gpu_temperature_c", "gpu_seconds", "config_hash", "worker", "wall_time")
+
+
+REREAD = "reading:"  # the flag of a deliberate re-measurement: ``reading:<k>``, its k-th (k >= 1)
+
+
+def row_reading(flags: str) -> int:
+    """``reread`` of a stored row, from its ``flags`` column (JSON)."""
+    return next((int(f[len(REREAD):]) for f in json.loads(flags) if f.startswith(REREAD)), 0)
+
+
+def reread(m: Measurement) -> int:
+    """Which reading of its candidate a row is: 0 for the first measurement, k for the k-th
+    re-measurement a search asked for (``Profiler.measure`` with ``{"reading": k}``)."""
+    for flag in m.flags:
+        if flag.startswith(REREAD):
+            return int(flag[len(REREAD):])
+    return 0
 
 
 def _num(x: float) -> float | None:
@@ -197,14 +220,21 @@ class Journal:
         return [m for m, _ in self.entries(partition)]
 
     def load(self, partition: str | None = None) -> dict[tuple[str, str, int, int], tuple[Measurement, float]]:
-        """Latest measurement of each candidate (what a resumed search is answered with).
+        """Latest measurement of each candidate (what a resumed search is answered with); a search's
+        deliberate re-measurements (``reread``) are kept apart.
 
-        A candidate has two rows only when a tensor-parallel group measured it again because a
-        peer's journal lacked it; the later row is the group's, the one every rank holds.
+        A candidate has two rows of one reading only when a tensor-parallel group measured it again
+        because a peer's journal lacked it; the later row is the group's, the one every rank holds.
         """
-        out: dict[tuple[str, str, int, int], tuple[Measurement, float]] = {}
+        return {key: hit for (key, k), hit in self.load_readings(partition).items() if k == 0}
+
+    def load_readings(self, partition: str | None = None) -> dict[tuple[tuple[str, str, int, int], int],
+                                                                  tuple[Measurement, float]]:
+        """Latest row of each (candidate, reading): reading 0 is its first measurement, k its k-th
+        re-measurement (``reread``)."""
+        out: dict[tuple[tuple[str, str, int, int], int], tuple[Measurement, float]] = {}
         for m, g in self.entries(partition):
-            out[m.candidate.key] = (m, g)
+            out[(m.candidate.key, reread(m))] = (m, g)
         return out
 
     def count(self, partition: str | None = None) -> int:
@@ -213,11 +243,53 @@ class Journal:
         return self._conn.execute("SELECT COUNT(*) FROM measurements WHERE partition = ?", (partition,)).fetchone()[0]
 
     def duplicates(self) -> list[tuple[str, str, int, int]]:
-        """Candidates with more than one row (none, unless a group measured one again on resume)."""
-        rows = self._conn.execute(
-            "SELECT partition, slot, sms, freq_mhz FROM measurements GROUP BY partition, slot, sms, freq_mhz "
-            "HAVING COUNT(*) > 1").fetchall()
-        return [tuple(r) for r in rows]
+        """Candidates with more than one row of one reading (none, unless a group measured one again
+        on resume); a search's deliberate re-measurements are rows of readings of their own."""
+        seen = Counter((m.candidate.key, reread(m)) for m, _ in self.entries())
+        return sorted({key for (key, _k), n in seen.items() if n > 1})
+
+    # -- copying rows between journals of one run (the Ray launcher's relay) ----------------------
+    def raw_rows(self, partition: str | None = None, after: int = 0) -> list[dict[str, Any]]:
+        """Rows after row id ``after``, in order, with every column (``id`` included): a relay copies
+        them whole, so the copy keeps the backend, clock, temperature and worker of the original."""
+        q = f"SELECT id, {', '.join(ROW_COLUMNS)} FROM measurements WHERE id > ?"
+        args: tuple = (int(after),)
+        if partition is not None:
+            q += " AND partition = ?"
+            args += (partition,)
+        cols = ("id", *ROW_COLUMNS)
+        return [dict(zip(cols, r)) for r in self._conn.execute(q + " ORDER BY id", args)]
+
+    def add_row(self, row: dict[str, Any]) -> bool:
+        """Append a row copied from another journal of this config unless its candidate already has a
+        row of that reading (``reread``); whether it was appended. Delivery is at least once, so a copy
+        can come twice."""
+        if row.get("config_hash") != self.config_hash:
+            raise _mismatch(self.path, str(row.get("config_hash")), self.config_hash)
+        key = tuple(row[k] for k in ("partition", "slot", "sms", "freq_mhz"))
+        try:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                held = [flags for (flags,) in self._conn.execute(
+                    "SELECT flags FROM measurements WHERE partition = ? AND slot = ? AND sms = ? AND freq_mhz = ?", key)]
+                new = row_reading(row["flags"]) not in {row_reading(flags) for flags in held}
+                if new:
+                    self._conn.execute(f"INSERT INTO measurements ({', '.join(ROW_COLUMNS)}) VALUES "
+                                       f"({', '.join('?' * len(ROW_COLUMNS))})", [row[c] for c in ROW_COLUMNS])
+                self._conn.execute("COMMIT")
+            except BaseException:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
+        except sqlite3.OperationalError as err:  # a full disk, say: name the file, which SQLite does not
+            raise sqlite3.OperationalError(f"{self.path}: {err}") from err
+        return new
+
+    def meta_items(self) -> dict[str, str]:
+        """Every run-level note but the journal's identity (config hash, measurement revision)."""
+        rows = self._conn.execute("SELECT key, value FROM meta WHERE key NOT IN ('config_hash', "
+                                  "'measurement_revision')").fetchall()
+        return dict(rows)
 
     def get_meta(self, key: str) -> str | None:
         """A run-level note kept beside the measurements (e.g. a GPU's thermal calibration)."""

@@ -4,7 +4,9 @@ Protocol per candidate (every step a ``profiler:`` value): cool down (policy), l
 (frequency controller), settle, warm up, time a few calibration runs to size the window to about
 ``target_window_s`` of back-to-back executions, read energy over ``repeats`` windows, drop MAD
 outliers, aggregate. Each result is committed to the journal before the search sees it; candidates
-already in the journal are answered from it at no cost (``CandidateMeasured(cached=True)``).
+already in the journal are answered from it at no cost (``CandidateMeasured(cached=True)``). A search
+may ask for a candidate's k-th re-measurement (annotation ``{"reading": k}``, k >= 1): a new reading,
+journaled with the flag ``reading:<k>`` and charged like any profile, or on resume that row.
 A cooldown policy that corrects the heat instead of waiting for it may probe once, run anchor
 windows before a candidate's window, observe every window and subtract residual-heat energy (see
 cooldown.py); the measurement then carries the corrected value and a ``thermal:`` flag, its
@@ -24,7 +26,7 @@ from kareus.hardware.base import HardwareBackend
 from kareus.interrupts import signals_deferred
 from kareus.profiler.config import ProfilerConfig, section
 from kareus.profiler.cooldown import group_all, group_max, group_mean
-from kareus.profiler.journal import Journal
+from kareus.profiler.journal import REREAD, Journal
 from kareus.profiler.stats import mad_outliers, median
 from kareus.registry import COOLDOWNS, FREQUENCY_CONTROLLERS
 from kareus.search.base import Evaluate
@@ -65,7 +67,10 @@ class Profiler:
             cooldown = COOLDOWNS.build(csec["name"], config=csec)
         self.frequency = frequency
         self.cooldown = cooldown
-        self._known: dict[tuple[str, str, int, int], tuple[Measurement, float]] = journal.load() if journal else {}
+        # (candidate key, reading) -> (measurement, GPU-seconds): reading 0 the first, k the k-th re-measurement
+        self._known: dict[tuple[tuple[str, str, int, int], int], tuple[Measurement, float]] = (
+            journal.load_readings() if journal else {})
+        self._charged: set[tuple[tuple[str, str, int, int], int]] = set()  # readings charged to their partition
         self._spent: dict[str, float] = {}
         self._costs: dict[tuple, float] = {}
         self._index: dict[str, int] = {}
@@ -102,8 +107,11 @@ class Profiler:
         return dict(self._costs)
 
     def measure(self, partition: PartitionType, cand: Candidate, annotation: dict[str, Any] | None = None) -> Measurement:
-        """The candidate's measurement: from the journal if known, else profiled and journaled now."""
-        hit = self._cached(cand)
+        """The candidate's measurement: from the journal if known, else profiled and journaled now.
+        ``annotation["reading"] = k`` (k >= 1) asks for its k-th re-measurement instead: a reading of
+        its own, journaled apart (a resumed run is answered with that row)."""
+        reading = int((annotation or {}).get("reading", 0))
+        hit = self._cached(cand, reading)
         cached = hit is not None
         if hit is not None:
             m, cost = hit
@@ -111,17 +119,20 @@ class Profiler:
             start = self.backend.now()
             m = self._profile(partition, cand)
             cost = self.backend.now() - start
+            if reading:
+                m = replace(m, flags=m.flags + (f"{REREAD}{reading}",))
         # a Ctrl-C or SIGTERM waits until the measurement is journaled *and* reported, or the run's
         # MLflow record would stop one candidate short of the journal
         with signals_deferred():
             if hit is None:
-                self._record(m, cost)
+                self._record(m, cost, reading)
                 self.measured += 1
                 n, spent = self._now.get(cand.partition, (0, 0.0))
                 self._now[cand.partition] = (n + 1, spent + cost)
-            if cand.key not in self._costs:  # asked again: answered from the journal without charge
+            if (cand.key, reading) not in self._charged:  # asked again: answered from the journal without charge
+                self._charged.add((cand.key, reading))
                 self._spent[cand.partition] = self._spent.get(cand.partition, 0.0) + cost
-                self._costs[cand.key] = cost
+                self._costs[cand.key] = self._costs.get(cand.key, 0.0) + cost
             index = self._index.get(cand.partition, 0)
             self._index[cand.partition] = index + 1
             ann = annotation or {}
@@ -134,7 +145,8 @@ class Profiler:
                   annotation: dict[str, Any] | None = None) -> Measurement:
         """A fresh measurement of ``cand`` though it is known (a drift check reading a setting again):
         profiled, charged and journaled as one more row; later asks are answered with the newest."""
-        self._known.pop(cand.key, None)
+        self._known.pop((cand.key, 0), None)
+        self._charged.discard((cand.key, 0))
         self._costs.pop(cand.key, None)
         return self.measure(partition, cand, annotation)
 
@@ -166,14 +178,15 @@ class Profiler:
         self._costs.setdefault(cand.key, cost)
         return m
 
-    def _cached(self, cand: Candidate) -> tuple[Measurement, float] | None:
-        """The journal's measurement of ``cand`` if every rank of the group has it, else None.
+    def _cached(self, cand: Candidate, reading: int = 0) -> tuple[Measurement, float] | None:
+        """The journal's measurement of ``cand`` (its ``reading``: 0 the first, k the k-th re-measurement)
+        if every rank of the group has it, else None.
 
         Each rank of a tensor-parallel group keeps its own journal; after a crash they can differ by
         the last candidates. A rank that answered from its journal while a peer measured would leave
         the peer waiting in collectives, so the group measures again unless all ranks hold it.
         """
-        hit = self._known.get(cand.key)
+        hit = self._known.get((cand.key, reading))
         return hit if group_all(self.backend, hit is not None) else None
 
     def close(self) -> None:
@@ -387,8 +400,8 @@ class Profiler:
             temperature_c=sum(r.temperature_c for r in kept) / k, freq_mhz=sum(r.freq_mhz for r in kept) / k,
             repeats=k, failed=False, flags=tuple(flags), readings=tuple(readings))
 
-    def _record(self, m: Measurement, cost: float) -> None:
-        self._known[m.candidate.key] = (m, cost)
+    def _record(self, m: Measurement, cost: float, reading: int = 0) -> None:
+        self._known[(m.candidate.key, reading)] = (m, cost)
         if self.journal is None:
             return
         try:

@@ -9,7 +9,9 @@ from kareus.types import Candidate, Measurement, PartitionType
 
 # evaluate(batch, annotations) -> measurements, in batch order. ``annotations[i]`` may hold
 # {"predicted": {...}, "pass": "total"} for logging. Already-measured candidates are answered from
-# the journal without charge, so searchers may ask again safely.
+# the journal without charge, so searchers may ask again safely. ``{"reading": k}`` (k >= 1) asks for a
+# setting's k-th re-measurement instead: a new reading, charged like any profile (or, on resume, that
+# reading's journal row).
 Evaluate = Callable[[Sequence[Candidate], Sequence[dict[str, Any]] | None], list[Measurement]]
 
 
@@ -38,6 +40,13 @@ class SearchResult:
     measured_now_gpu_seconds: float = 0.0
     # every reported hypervolume of this search, live and final, is against this (time_s, energy_j)
     reference: tuple[float, float] | None = None
+    # one measurement per setting (the mean of its readings where it was read again), in the order first
+    # measured: what plans are composed from; empty: ``measurements`` (a searcher that reads each once)
+    settings: list[Measurement] = field(default_factory=list)
+
+    def per_setting(self) -> list[Measurement]:
+        """One measurement per setting: a setting read several times counts once, at its mean."""
+        return self.settings or self.measurements
 
 
 class Searcher(Protocol):

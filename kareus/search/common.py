@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -29,15 +30,19 @@ def result_reference(result: SearchResult) -> tuple[float, float] | None:
 
 
 class SearchRun:
-    """One searcher's walk over one problem: charges the budget and keeps every measurement."""
+    """One searcher's walk over one problem: charges the budget and keeps every measurement; a setting
+    read again (``remeasure``) counts at the mean of its readings, each reading charged."""
 
     def __init__(self, problem: SearchProblem) -> None:
         self.problem = problem
         self.space = list(problem.space)
         self.index = {c: i for i, c in enumerate(self.space)}
         self.X = encode(problem.partition, self.space)
-        self.measured: dict[int, Measurement] = {}
+        self.measured: dict[int, Measurement] = {}  # per setting: its reading, or the mean of its readings
+        self.readings: dict[int, list[Measurement]] = {}  # per setting: every reading, in order
+        self.log: list[Measurement] = []  # every reading, in order: what the budget paid for
         self.order: list[int] = []
+        self.held = 0  # readings kept back from ``remaining`` (a searcher's reserve for later)
         self.batches = 0
         self.predictions: list[list[dict[str, Any]]] = []
         self.timings: list[dict[str, float]] = []
@@ -50,7 +55,8 @@ class SearchRun:
 
     @property
     def remaining(self) -> int:
-        return max(0, self.budget - len(self.measured))
+        """Readings left: a re-measurement costs a profile like a new setting."""
+        return max(0, self.budget - len(self.log) - self.held)
 
     @property
     def unmeasured(self) -> np.ndarray:
@@ -93,8 +99,31 @@ class SearchRun:
         ms = self.problem.evaluate([self.space[i] for i in todo], notes)
         for i, m in zip(todo, ms):
             self.measured[i] = m
+            self.readings[i] = [m]
+            self.log.append(m)
             self.order.append(i)
         return list(ms)
+
+    def remeasure(self, idxs: Sequence[int], annotations: Sequence[dict[str, Any]] | None = None) -> list[Measurement]:
+        """Read measured settings ``idxs`` again (cut to the remaining budget): each reading is asked for
+        by its index (``reading``: 1 for the second), so a resumed run is answered from the journal's
+        row of that reading, and the setting's value becomes the mean of its readings."""
+        picked = {int(i): (annotations[j] if annotations is not None else {}) for j, i in enumerate(idxs)
+                  if int(i) in self.measured}
+        todo = list(picked)[: self.remaining]  # one reading of a setting per call: its index is fixed
+        if not todo:
+            return []
+        notes = [{**picked[i], "reading": len(self.readings[i])} for i in todo]
+        ms = self.problem.evaluate([self.space[i] for i in todo], notes)
+        for i, m in zip(todo, ms):
+            self.readings[i].append(m)
+            self.log.append(m)
+            self.measured[i] = mean_reading(self.readings[i])
+        return list(ms)
+
+    def counts(self, idxs: Sequence[int]) -> np.ndarray:
+        """Successful readings of each setting of ``idxs``."""
+        return np.array([sum(not m.failed for m in self.readings[i]) for i in idxs], dtype=int)
 
     def failed(self) -> list[int]:
         """Measured indices without numbers (a crash, a read that failed after its retries)."""
@@ -125,24 +154,40 @@ class SearchRun:
         self.predictions.append(preds)
         if timing:
             self.timings.append(dict(timing))
-        self.problem.emit(BatchFinished(self.problem.partition.key, self.batches, len(self.measured),
+        self.problem.emit(BatchFinished(self.problem.partition.key, self.batches, len(self.log),
                                         self.hypervolume(), predicted_gain, preds, reference=self._ref))
         self.batches += 1
 
     # --- result -------------------------------------------------------------------------------
-    def result(self) -> SearchResult:
+    def result(self, estimates: np.ndarray | None = None) -> SearchResult:
+        """Every reading, and the fronts of each setting's mean reading; ``estimates`` ((time, total,
+        dynamic) per ``ok()`` setting, e.g. a model's posterior means) pick and place the front points
+        instead, each point's payload still the setting's mean reading."""
         ok = self.ok()
-        ms = [self.measured[i] for i in self.order]
         good = [self.measured[i] for i in ok]
+        est = self.objectives(ok) if estimates is None else np.asarray(estimates, dtype=float).reshape(-1, 3)
         return SearchResult(
             partition=self.problem.partition.key,
-            measurements=ms,
-            frontier=Frontier.from_arrays([m.time_s for m in good], [m.energy_j for m in good], good, "total"),
-            dynamic_frontier=Frontier.from_arrays([m.time_s for m in good], [m.dynamic_energy_j for m in good], good,
-                                                  "dynamic"),
+            measurements=list(self.log),
+            frontier=Frontier.from_arrays(est[:, 0], est[:, 1], good, "total"),
+            dynamic_frontier=Frontier.from_arrays(est[:, 0], est[:, 2], good, "dynamic"),
             predictions=self.predictions,
             reference=self._ref,
+            settings=[self.measured[i] for i in self.order],
         )
+
+
+def mean_reading(readings: Sequence[Measurement]) -> Measurement:
+    """One setting's readings as one measurement: the mean of the successful ones (failed only if
+    every reading failed), its windows and repeats those of all of them, flagged ``readings:<n>``."""
+    ok = [m for m in readings if not m.failed]
+    if not ok:
+        return readings[-1]
+    mean = lambda key: float(np.mean([getattr(m, key) for m in ok]))  # noqa: E731
+    flags = tuple(f for f in ok[0].flags if not f.startswith("reading:")) + (f"readings:{len(ok)}",)
+    return replace(ok[0], time_s=mean("time_s"), energy_j=mean("energy_j"), dynamic_energy_j=mean("dynamic_energy_j"),
+                   temperature_c=mean("temperature_c"), freq_mhz=mean("freq_mhz"),
+                   repeats=sum(m.repeats for m in ok), flags=flags, readings=tuple(r for m in ok for r in m.readings))
 
 
 class Timer:

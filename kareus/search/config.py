@@ -72,6 +72,13 @@ class GPKernel(str, Enum):
     additive = "additive"  # a Matern-5/2 on the clock plus one on the other features: SM curves carry across clocks
 
 
+class FrontReport(str, Enum):
+    """Which values pick the front a search reports (and place its points)."""
+
+    readings = "readings"  # each setting's reading (the mean of its readings where it was read again)
+    posterior = "posterior"  # the surrogate's centre at each measured setting: a lucky reading is pulled back
+
+
 BATCH_POLICIES = ("local", "coverage")  # passes that pick only some candidates, and then none
 HVI_PASSES = ("total", "dynamic", "static", "local")  # passes that score a hypervolume improvement (search.expected, per_clock, hand_over)
 
@@ -129,6 +136,17 @@ class MBOConfig(SearcherConfig):
     hand_over: list[PassName] = field(default_factory=lambda: [PassName.total])
     stop_gain: float = 0.0  # stop when the batch's predicted HV gain / current HV falls below this
     ref_margin: float = 0.1  # reference point: observed maxima + margin x observed range
+    # measurement noise: which values pick the reported front, and how much of the budget goes to reading
+    # settings again whose distance to the front is within the noise (before the last batch; what they
+    # leave unspent goes to it)
+    report: FrontReport = FrontReport.readings
+    remeasure: float = 0.0  # share of the budget kept for re-measurements before the last batch (0: none)
+    remeasure_handed: float = 0.0  # share of the picks the total-energy pass hands over that re-measure instead
+    # re-measure while some setting's chance of sitting on the wrong side of the front, times the share of
+    # the front's hypervolume it holds there, is at least this
+    remeasure_stake: float = 0.002
+    # relative sd of one reading (time, energy) assumed until repeated readings tell
+    noise_prior: list[float] = field(default_factory=lambda: [0.002, 0.01])
 
 
 @dataclass
@@ -325,7 +343,17 @@ def _mbo_problems(cfg: MBOConfig) -> list[str]:
             out.append(f"search.{key}: must be in [0, 1], got {getattr(cfg, key)}")
     if cfg.min_per_slot < 0:
         out.append(f"search.min_per_slot: must be >= 0, got {cfg.min_per_slot}")
-    out += out_of_bounds(cfg, "search.", nonnegative=("kappa", "stop_gain", "ref_margin"))
+    out += out_of_bounds(cfg, "search.", nonnegative=("kappa", "stop_gain", "ref_margin", "remeasure_stake"))
+    if len(cfg.noise_prior) != 2 or not all(math.isfinite(x) and x > 0 for x in cfg.noise_prior):
+        out.append(f"search.noise_prior: must be two relative sds > 0 (time, energy), got {list(cfg.noise_prior)}")
+    try:
+        FrontReport(cfg.report)
+    except ValueError:
+        out.append(f"search.report: invalid value {cfg.report!r}; allowed: {', '.join(r.value for r in FrontReport)}")
+    if not 0 <= cfg.remeasure < 1:
+        out.append(f"search.remeasure: must be in [0, 1) (a share of the budget), got {cfg.remeasure}")
+    if not 0 <= cfg.remeasure_handed <= 1:
+        out.append(f"search.remeasure_handed: must be in [0, 1], got {cfg.remeasure_handed}")
     return out
 
 

@@ -67,11 +67,18 @@ def igd_plus(approx, reference) -> float:
     return float(np.mean(np.min(np.sqrt(np.sum(d * d, axis=2)), axis=1)))
 
 
+SPAN_TOL = 1e-9  # a front spanning less than this share of its magnitude spans nothing
+
+
 def normalise(points, ideal, nadir) -> np.ndarray:
     """Scale so that ``ideal`` maps to 0 and ``nadir`` to 1 in each objective. An objective whose front
-    spans nothing (one point) is scaled by its own magnitude, so a score never depends on its unit."""
+    spans nothing (one point, or points a rounding error apart: a host-bound partition's settings all
+    take the same time) is scaled by its own magnitude, so a score never depends on its unit, nor on
+    which setting rounding made fastest."""
     p = _as_points(points)
     ideal = np.asarray(ideal, dtype=float)
-    span = np.asarray(nadir, dtype=float) - ideal
-    span = np.where(span > 0, span, np.where(np.abs(ideal) > 0, np.abs(ideal), 1.0))
+    nadir = np.asarray(nadir, dtype=float)
+    span = nadir - ideal
+    tiny = span <= SPAN_TOL * np.maximum(np.abs(ideal), np.abs(nadir))
+    span = np.where(~tiny, span, np.where(np.abs(ideal) > 0, np.abs(ideal), 1.0))
     return (p - ideal) / span

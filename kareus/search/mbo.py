@@ -28,6 +28,13 @@ Three batch policies sit beside the chosen passes (``search.passes`` stays the a
 - final exploitation (``final_local``): the last batch first measures the best predicted grid
   neighbours (same slot, one SM or clock step) of the measured Pareto points, where measurement
   noise and smooth clock/SM responses put the remaining frontier points.
+
+Measurement noise (``kareus.search.noise``; every option off by default, none raised the held-out
+family's tuning scores under noise): ``remeasure`` keeps a share of the budget to read again, before
+the last batch, the settings most at stake of sitting on the wrong side of the front;
+``remeasure_handed`` does so with picks the total-energy pass hands over; a setting read again counts
+at the mean of its readings. ``report=posterior`` picks the reported front by the surrogate's centre
+at the measured settings instead of their readings.
 """
 from __future__ import annotations
 
@@ -42,9 +49,11 @@ from kareus.registry import ACQUISITIONS, SEARCHERS, SURROGATES
 from kareus.search.acquisition import WHOLE_FRONT, Context
 from kareus.search.base import SearchProblem, SearchResult
 from kareus.search.common import SearchRun, Timer
-from kareus.search.config import MBOConfig, PassName, SurrogateConfig, initial_size, pass_shares, round_batch
+from kareus.search.config import (FrontReport, MBOConfig, PassName, SurrogateConfig, initial_size, pass_shares,
+                                  round_batch)
 from kareus.search.design import latin_hypercube
 from kareus.search.hv import hypervolume, nondominated
+from kareus.search.noise import log_objectives, pooled_noise, remeasure_pick
 
 
 def start(run: SearchRun, cfg: Any, label: str = "initial") -> None:
@@ -216,6 +225,54 @@ def fill_batch(ctx: Context, plan: list[tuple[str, int]], k: int) -> tuple[list[
     return picks[:k], names[:k]
 
 
+def remeasure_near_ties(run: SearchRun, cfg: MBOConfig, budget: int) -> int:
+    """Read again, one at a time, the setting ``remeasure_pick`` names, up to ``budget`` readings; stops
+    once no setting is at stake by ``remeasure_stake``, or repeats read back exactly what they read
+    before (no noise). Returns the readings taken."""
+    taken = 0
+    while taken < budget and run.remaining > 0:
+        ok = run.ok()
+        groups = [log_objectives(np.array([[m.time_s, m.energy_j] for m in run.readings[i] if not m.failed]))
+                  for i in ok]
+        sd, exact = pooled_noise(groups, np.asarray(cfg.noise_prior, dtype=float))
+        pick = None if exact else remeasure_pick(log_objectives(run.objectives(ok)), run.counts(ok), sd,
+                                                 cfg.remeasure_stake)
+        if pick is None:
+            break
+        run.remeasure([ok[pick]], [{"pass": "remeasure"}])
+        taken += 1
+    return taken
+
+
+EXPLORING = ("dynamic", "static", "uncertainty", "fastest", "spread")  # passes a handed-over pick may go to
+
+
+def remeasure_handed_over(run: SearchRun, cfg: MBOConfig, plan: list[tuple[str, int]], picks: list[int],
+                          names: list[str], notes: list[dict]) -> tuple[list[int], list[dict]]:
+    """Re-measure near-ties in place of ``remeasure_handed`` of the picks the total-energy pass handed
+    over (nothing left it predicts to improve the front): the last exploring picks are dropped for
+    the readings taken. A tight budget never hands over, so it never re-measures this way."""
+    handed = max(0, sum(c for n, c in plan if n == "total") - names.count("total"))
+    want = int(round(cfg.remeasure_handed * handed))
+    taken = remeasure_near_ties(run, cfg, want) if want > 0 else 0
+    drop: set[int] = set()
+    for j in reversed(range(len(picks))):
+        if len(drop) < taken and names[j] in EXPLORING:
+            drop.add(j)
+    keep = [j for j in range(len(picks)) if j not in drop]
+    return [picks[j] for j in keep], [notes[j] for j in keep]
+
+
+def posterior_estimates(run: SearchRun, cfg: MBOConfig, seed: int) -> np.ndarray | None:
+    """(time, total, dynamic) of every successful setting by the surrogate's centre fitted on all of
+    them (``search.report=posterior``); None for ``readings`` or too few settings to fit."""
+    ok = run.ok()
+    if FrontReport(cfg.report) is not FrontReport.posterior or len(ok) < MIN_FIT_POINTS:
+        return None
+    samples, _ = predict(run, cfg.surrogate, np.array(ok), seed)
+    return np.column_stack([samples[k].mean(axis=0) for k in ("time", "total", "dynamic")])
+
+
 @SEARCHERS.register("mbo", MBOConfig)
 class MBOSearcher:
     """Multi-pass MOBO with an XGBoost bootstrap ensemble and greedy batch HVI."""
@@ -231,9 +288,17 @@ class MBOSearcher:
         start(run, cfg)
         if cfg.corners:
             measure_corners(run)
+        held = int(round(cfg.remeasure * run.budget))  # kept for re-measurements before the last batch
+        run.held = held
         batch = round_batch(cfg, run.remaining)
         grid = grid_ranks(run)
         for pool, k in run.batch_pools(batch):
+            if run.held and k >= run.remaining:  # the last batch is next: re-measure first, then release
+                run.held = 0
+                remeasure_near_ties(run, cfg, held)
+                k = min(batch, run.remaining, len(pool))
+                if k <= 0:
+                    break
             if widened_at_random(run, pool, k, rng):  # nothing to model yet
                 continue
             timer = Timer()
@@ -265,7 +330,11 @@ class MBOSearcher:
             notes = [annotate(ctx, p, n) for p, n in zip(local, names)]
             if cfg.stop_gain > 0 and gain < cfg.stop_gain:  # not worth measuring: record nothing more
                 break
+            local, notes = remeasure_handed_over(run, cfg, plan, local, names, notes)
             run.evaluate(pool[local], notes)
             run.finish_batch(gain, notes, fit_s=fit_s, acq_s=acq_s)
+        if run.held:  # the budget ran out in the corners or the design: re-measure with what is held
+            held, run.held = run.held, 0
+            remeasure_near_ties(run, cfg, held)
         self.timings = run.timings
-        return run.result()
+        return run.result(posterior_estimates(run, cfg, problem.seed + 7919 * run.batches))
