@@ -122,7 +122,7 @@ def test_a_failed_ray_task_raises_its_own_error_and_stops_the_others(tmp_path):
     ({"num_cpus": 1, "num_gpus": 0, "cpus_per_task": 4}, "launcher.cpus_per_task: 4 CPUs per search, but the Ray "
                                                            "cluster has 1"),
 ])
-def test_a_ray_cluster_that_cannot_run_the_searches_is_one_line(tmp_path, config, says):
+def test_a_ray_cluster_that_cannot_run_the_searches_is_one_line(tmp_path, config, says, monkeypatch):
     """No cluster at launcher.address was a ConnectionError traceback; more CPUs per search than the
     cluster has left every task unscheduled, a silent hang."""
     from kareus.errors import KareusError
@@ -130,6 +130,15 @@ def test_a_ray_cluster_that_cannot_run_the_searches_is_one_line(tmp_path, config
 
     _broken_amdsmi_shim()
     ray = pytest.importorskip("ray")
+    import ray._private.services as services
+
+    # "auto" also joins any GCS process it sees on the machine: another test's local cluster, maybe
+    # being shut down (a connection that then waits for minutes); this test's machine runs none
+    def no_gcs() -> list:
+        return []
+
+    no_gcs.cache_clear = lambda: None  # (Ray clears the real one's cache)
+    monkeypatch.setattr(services, "find_gcs_addresses", no_gcs)
     with pytest.raises(KareusError) as err:
         LAUNCHERS.build("ray", config=config).check(sim_tasks(tmp_path / "j.sqlite"))
     assert str(err.value).startswith(says) and "\n" not in str(err.value), str(err.value)
@@ -528,9 +537,9 @@ def test_workers_end_when_the_main_process_is_killed(tmp_path):
     assert not [p for p in pids if _running(p)]
 
 
-def test_a_ray_cluster_of_several_nodes_is_refused_before_any_search(tmp_path, monkeypatch):
-    """Every search appends to one SQLite journal in WAL mode, which keeps its rows whole only for
-    writers on one host."""
+def test_a_ray_cluster_none_of_whose_nodes_fits_a_group_is_refused_before_any_search(tmp_path, monkeypatch):
+    """On several nodes a search's tensor-parallel group must fit on one: GPUs spread over nodes would
+    leave it waiting forever. The refusal names the group and the largest node, and records nothing."""
     import types
 
     from kareus.errors import KareusError
@@ -539,15 +548,20 @@ def test_a_ray_cluster_of_several_nodes_is_refused_before_any_search(tmp_path, m
     fake = types.ModuleType("ray")
     fake.is_initialized = lambda: True  # a cluster the program connected to itself
     fake.cluster_resources = lambda: {"CPU": 64.0, "GPU": 16.0}
-    fake.nodes = lambda: [{"Alive": True}, {"Alive": True}, {"Alive": False}]
+    node = {"Alive": True, "Resources": {"CPU": 32.0, "GPU": 1.0}}
+    fake.nodes = lambda: [node, node, {"Alive": False, "Resources": {"CPU": 8.0, "GPU": 8.0}}]
     fake.remote = lambda fn: ran.append(fn)
     monkeypatch.setitem(sys.modules, "ray", fake)
-    with pytest.raises(KareusError, match="the Ray cluster has 2 nodes"):
-        LAUNCHERS.build("ray", config={}).run(sim_tasks(tmp_path / "j.sqlite"))
+    tasks = [PartitionSearchTask(**{**t.__dict__, "hardware": {"name": "cuda"}}) for t in sim_tasks(tmp_path / "j.sqlite")]
+    with pytest.raises(KareusError) as err:
+        LAUNCHERS.build("ray", config={}).run(tasks)
+    assert str(err.value) == ("launcher: a partition search needs a group of 2 rank(s) on one node (2 GPU(s), 1 CPU(s)), "
+                              "but the largest node of the Ray cluster has 1 GPU(s) and 32 CPU(s); add a node that fits, "
+                              "or lower launcher.cpus_per_task or launcher.gpus_per_task")
     assert ran == [] and not (tmp_path / "j.sqlite").exists()
-    fake.nodes = lambda: [{"Alive": True}, {"Alive": False}]  # one node alive: past the check, to the searches
+    fake.nodes = lambda: [node, {"Alive": False}]  # one node alive: past the check, to the searches
     with pytest.raises(AttributeError, match="exceptions"):  # (which need more of Ray than this fake has)
-        LAUNCHERS.build("ray", config={}).run(sim_tasks(tmp_path / "j.sqlite"))
+        LAUNCHERS.build("ray", config={"gpus_per_task": 1}).run(tasks)
 
 
 def test_a_failed_task_leaves_no_worker_dialing_the_stopped_event_relay(tmp_path, monkeypatch, capfd):

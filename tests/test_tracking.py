@@ -393,7 +393,7 @@ def test_a_partition_search_that_raises_ends_failed_and_one_stopped_by_a_signal_
     filter on FAILED missed the search that failed."""
     import kareus.launch.task as task_mod
 
-    def crash(task, backend, bus):
+    def crash(task, backend, bus, journal=None):
         bus.emit(search_events("fwd_attn")[0])
         raise raised
 

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 from kareus.config.bounds import out_of_bounds
 from kareus.errors import KareusError
-from kareus.launch.task import PartitionSearchTask, gpus_needed, run_search_task
+from kareus.launch.task import PartitionSearchTask, gpus_needed, is_real_gpu, run_search_task
 from kareus.registry import LAUNCHERS
 from kareus.search.base import SearchResult
 
@@ -245,15 +245,19 @@ def _terminate_workers(pool: Any) -> None:
 @dataclass
 class RayLauncherConfig:
     name: str = "ray"
-    address: Optional[str] = None  # a one-node cluster ("auto"); None: embedded Ray on this machine
+    address: Optional[str] = None  # a running cluster ("auto", "ray://HEAD:10001"); None: embedded Ray here
     num_cpus: Optional[int] = None  # resources of an embedded Ray (None: Ray detects them)
     num_gpus: Optional[int] = None
     gpus_per_task: Optional[float] = None  # None: the TP group on real GPUs, 0 on sim/replay
     cpus_per_task: float = 1.0
     shutdown: bool = True  # shut an embedded Ray down after the run
+    max_retries: int = 3  # several nodes: how often a search that lost its worker or node is placed again
+    local_dir: Optional[str] = None  # several nodes: each node's folder for its searches' own journals
+    # (None: the node's temp folder; a folder that survives a reboot keeps unacknowledged rows through one)
 
     def problems(self, ctx: Any = None) -> list[str]:
-        return out_of_bounds(self, nonnegative=("gpus_per_task", "cpus_per_task", "num_cpus", "num_gpus"))
+        return out_of_bounds(self, nonnegative=("gpus_per_task", "cpus_per_task", "num_cpus", "num_gpus",
+                                                "max_retries"))
 
 
 def _broken_amdsmi_shim() -> str | None:
@@ -291,17 +295,32 @@ _SHIM: list[str] = []
 class RayLauncher:
     """One Ray task per partition search, reserving the GPUs one measurement occupies.
 
-    Ray is an optional extra (``pip install kareus[ray]``). The cluster must be one node: the run's
-    journal is SQLite in WAL mode, whose writers must share a host (a cluster of several is refused).
+    Ray is an optional extra (``pip install kareus[ray]``). On one node every search appends to the
+    run's journal itself (SQLite in WAL mode, whose writers must share a host). On a cluster of several
+    nodes, or one reached through ``ray://``, each search is placed where its group fits and relays
+    every row to the driver, the journal's one writer (:mod:`kareus.launch.cluster`).
     """
 
     def __init__(self, cfg: RayLauncherConfig) -> None:
         self.cfg = cfg
         self._ray: Any = None
         self._started = False  # this launcher started an embedded Ray (shut down after the run)
+        self._relayed = False  # several nodes (or ray://): searches relay their rows to the driver
+        self.cluster: Any = None  # the ClusterRun of a relayed run (its placements, per-node summary)
 
     def _gpus(self, task: PartitionSearchTask) -> float:
         return float(self.cfg.gpus_per_task) if self.cfg.gpus_per_task is not None else float(gpus_needed(task))
+
+    def _need(self, task: PartitionSearchTask) -> tuple[int, float, float]:
+        """(ranks, GPUs, CPUs) one search's group holds on one node: a rank per GPU of the comm group
+        on real GPUs, one rank on sim/replay."""
+        ranks = gpus_needed(task) if is_real_gpu(task.hardware) else 1
+        return ranks, self._gpus(task), float(self.cfg.cpus_per_task)
+
+    def summary(self) -> dict[str, Any]:
+        """What the run's summary.json adds: per node, its searches, measurements and GPU-hours (several
+        nodes only)."""
+        return dict(self.cluster.summary) if self.cluster is not None else {}
 
     def check(self, tasks: Sequence[PartitionSearchTask]) -> None:
         """Start (or join) Ray and refuse a cluster that cannot run ``tasks``: called before the run is
@@ -310,6 +329,11 @@ class RayLauncher:
             return
         ray = self._init()
         try:
+            nodes = [node for node in ray.nodes() if node.get("Alive")]
+            self._relayed = len(nodes) > 1 or str(self.cfg.address or "").startswith("ray://")
+            if self._relayed:
+                self._check_fit(tasks, nodes)
+                return
             have = ray.cluster_resources()
             need = max(self._gpus(t) for t in tasks)
             if need > float(have.get("GPU", 0.0)):
@@ -319,15 +343,21 @@ class RayLauncher:
                 raise KareusError(f"launcher.cpus_per_task: {self.cfg.cpus_per_task:g} CPUs per search, but the Ray "
                                   f"cluster has {float(have.get('CPU', 0.0)):g}; allowed: up to that (or raise "
                                   f"launcher.num_cpus)")
-            nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
-            if nodes > 1:
-                raise KareusError(f"launcher: the Ray cluster has {nodes} nodes, but every search appends to one "
-                                  "measurement journal (SQLite in WAL mode), which SQLite keeps whole only for "
-                                  "processes on one host: rows written from other nodes could be lost; run "
-                                  "launcher=ray on a one-node cluster, or launcher=process")
         except BaseException:
             self._shutdown()
             raise
+
+    def _check_fit(self, tasks: Sequence[PartitionSearchTask], nodes: Sequence[dict]) -> None:
+        """Refuse a cluster with a search whose group no node holds (the largest first): it would wait forever."""
+        from kareus.launch.cluster import fits, group_words, largest
+
+        for need in sorted({self._need(t) for t in tasks}, key=lambda n: (-n[1], -n[2], -n[0])):
+            if any(fits(node, need) for node in nodes):
+                continue
+            gpus, cpus = largest(nodes)
+            raise KareusError(f"launcher: a partition search needs {group_words(need)}, but the largest node of the "
+                              f"Ray cluster has {gpus:g} GPU(s) and {cpus:g} CPU(s); add a node that fits, or lower "
+                              f"launcher.cpus_per_task or launcher.gpus_per_task")
 
     def _init(self) -> Any:
         """Ray, initialised: an embedded one (or ``launcher.address``'s cluster) started here if needed."""
@@ -383,6 +413,11 @@ class RayLauncher:
         self.check(tasks)
         ray = self._ray
         try:
+            if self._relayed:
+                from kareus.launch.cluster import ClusterRun
+
+                self.cluster = ClusterRun(ray, self.cfg, self._need, listeners)
+                return self.cluster.run(tasks)
             opts = lambda t: {"num_gpus": self._gpus(t), "num_cpus": self.cfg.cpus_per_task,  # noqa: E731
                               "max_retries": 0}
             lost = (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError, ray.exceptions.OutOfMemoryError,

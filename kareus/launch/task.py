@@ -45,8 +45,12 @@ def gpus_needed(task: PartitionSearchTask) -> int:
     return max(1, int(task.partition.comm.group_size))
 
 
-def run_search_task(task: PartitionSearchTask, listeners: Sequence[Callable[[Any], None]] = ()) -> SearchResult:
-    """Build backend, profiler and searcher from ``task`` and run the search (journal first, always)."""
+def run_search_task(task: PartitionSearchTask, listeners: Sequence[Callable[[Any], None]] = (),
+                    journal: Any = None) -> SearchResult:
+    """Build backend, profiler and searcher from ``task`` and run the search (journal first, always).
+
+    ``journal``: an open journal to record into instead of ``task.journal_path`` (a remote search's
+    node-local one, which relays each row to the run's journal); closed when the search ends."""
     import kareus.hardware  # noqa: F401  (registers backends)
     import kareus.profiler  # noqa: F401  (registers cooldowns and frequency controllers)
     import kareus.runtime  # noqa: F401  (registers the cuda backend in a fresh worker; torch only when used)
@@ -64,7 +68,7 @@ def run_search_task(task: PartitionSearchTask, listeners: Sequence[Callable[[Any
     try:
         backend = HARDWARE.build(hw["name"], config=hw, seed=task.seed)
         try:
-            result = _search(task, backend, bus)
+            result = _search(task, backend, bus, journal)
         finally:
             _close(backend)  # a real GPU backend's NCCL communicators hold GPU memory and threads
         ended = "FINISHED"  # a run its listener could not end itself (a failed write) ends as the search did
@@ -101,7 +105,7 @@ def thermal_device_of(hardware: dict[str, Any], partition: str, backend: Any) ->
     return f"{backend.name}/{partition}"
 
 
-def _search(task: PartitionSearchTask, backend: Any, bus: Any) -> SearchResult:
+def _search(task: PartitionSearchTask, backend: Any, bus: Any, journal: Any = None) -> SearchResult:
     """The search on a built backend: profiler (clocks reset on the way out), searcher, journal."""
     from kareus.profiler import Journal, Profiler, ProfilerConfig
     from kareus.registry import SEARCHERS, to_dataclass
@@ -112,7 +116,7 @@ def _search(task: PartitionSearchTask, backend: Any, bus: Any) -> SearchResult:
     scfg = to_dataclass(entry.config_cls, task.search) if entry.config_cls is not None else None
     pcfg = to_dataclass(ProfilerConfig, task.profiler)
     part = task.partition
-    journal = Journal.open(task.journal_path, task.config_hash)
+    journal = journal if journal is not None else Journal.open(task.journal_path, task.config_hash)
     try:
         with Profiler(pcfg, backend, journal, bus.emit, device_id=thermal_device(task, backend)) as profiler:
             space_cfg = getattr(scfg, "space", None)
