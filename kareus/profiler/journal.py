@@ -401,6 +401,20 @@ def read_measurements(path: str | os.PathLike[str]) -> list[Measurement]:
         raise JournalError(f"{p} is not a readable Kareus journal ({err})") from None
 
 
+def read_backend_measurements(path: str | os.PathLike[str]) -> list[tuple[Measurement, str]]:
+    """``read_measurements`` with the backend each row was measured on (``sim:a100``, ``cuda``, ...):
+    what a warm-started search matches its hardware by."""
+    p = Path(path)
+    if not p.is_file():
+        raise JournalError(f"{p.parent} has no {p.name}: not the directory of a run that measured anything")
+    try:
+        with _read_only(p) as conn:
+            return [(Journal._measurement(row[:-1])[0], str(row[-1]))
+                    for row in conn.execute(_ROWS.replace(" FROM", ", backend FROM") + " ORDER BY id")]
+    except (sqlite3.Error, ValueError, TypeError, KeyError) as err:
+        raise JournalError(f"{p} is not a readable Kareus journal ({err})") from None
+
+
 def copy_journal(source: str | os.PathLike[str], dest: str | os.PathLike[str]) -> None:
     """Copy a journal with SQLite's backup API: a consistent snapshot, WAL content included."""
     d = Path(dest)

@@ -25,6 +25,9 @@ class SearchProblem:
     static_power_w: float
     initial: list[Candidate] = field(default_factory=list)  # shared initial design, if given
     emit: Callable[[Any], None] = lambda event: None  # an EventBus.emit
+    # a related run's measurements of this partition (``search.warm_start``): prior knowledge for the
+    # searcher, never this run's measurements (not journaled, not charged, never on the front)
+    prior: list[Measurement] = field(default_factory=list)
 
 
 @dataclass

@@ -54,6 +54,7 @@ from kareus.search.config import (FrontReport, MBOConfig, PassName, SurrogateCon
 from kareus.search.design import latin_hypercube
 from kareus.search.hv import hypervolume, nondominated
 from kareus.search.noise import log_objectives, pooled_noise, remeasure_pick
+from kareus.search.warm import Prior, design, fit_rows
 
 
 def start(run: SearchRun, cfg: Any, label: str = "initial") -> None:
@@ -64,6 +65,18 @@ def start(run: SearchRun, cfg: Any, label: str = "initial") -> None:
     else:
         init = run.indices(latin_hypercube(run.space, p.partition, initial_size(cfg, run.budget), p.seed))
     run.evaluate(init, [{"pass": label} for _ in init])
+    run.finish_batch()
+
+
+def warm_start(run: SearchRun, cfg: Any, prior: Prior) -> None:
+    """Measure the prior's Pareto settings (``kareus.search.warm.design``) as the initial design, a Latin
+    hypercube filling what they leave of its size only where the prior has fewer than ``MIN_FIT_POINTS``."""
+    n = initial_size(cfg, run.budget)
+    init = design(prior, n)
+    if len(init) < MIN_FIT_POINTS:
+        lhs = run.indices(latin_hypercube(run.space, run.problem.partition, n, run.problem.seed))
+        init += [i for i in lhs if i not in init][: n - len(init)]
+    run.evaluate(init, [{"pass": "warm"} for _ in init])
     run.finish_batch()
 
 
@@ -110,14 +123,18 @@ def predict(run: SearchRun, surrogate_cfg: SurrogateConfig, pool: np.ndarray, se
     """
     ok, failed = run.ok(), run.failed()
     obj = run.objectives(ok)
-    shift = dynamic_shift(obj[:, 2])
+    prior = Prior.of(run.index, run.problem.prior) if run.problem.prior else None
+    shift = dynamic_shift(obj[:, 2] if prior is None else np.concatenate([obj[:, 2], prior.obj[:, 2]]))
     Y = np.column_stack([np.log(obj[:, 0]), np.log(obj[:, 2] + shift)])
     X = run.X[ok]
+    if prior is not None:  # the related run's points at settings not measured here, offset to this run's level
+        idx, Yp = fit_rows(prior, ok, obj, grid_ranks(run)[:, 0], shift)
+        X, Y = np.vstack([X, run.X[idx]]), np.vstack([Y, Yp])
     if failed:
         Y = np.vstack([Y, np.tile(Y.max(axis=0), (len(failed), 1))])
         X = np.vstack([X, run.X[failed]])
     model = SURROGATES.build(surrogate_cfg.name, config=surrogate_cfg)
-    stand_ins = np.arange(len(X)) >= len(ok)
+    stand_ins = np.arange(len(X)) >= len(X) - len(failed)
     if "failed" in inspect.signature(model.fit).parameters:
         model = model.fit(X, Y, seed, failed=stand_ins)
     else:  # a plugin surrogate written before fits were told which rows failed
@@ -285,8 +302,12 @@ class MBOSearcher:
         cfg = self.cfg
         run = SearchRun(problem)
         rng = np.random.default_rng(problem.seed)
-        start(run, cfg)
-        if cfg.corners:
+        prior = Prior.of(run.index, problem.prior) if problem.prior else None
+        if prior is not None and len(prior) and not problem.initial:
+            warm_start(run, cfg, prior)
+        else:
+            start(run, cfg)
+        if cfg.corners and not (prior is not None and len(prior)):  # a prior brackets the slots already
             measure_corners(run)
         held = int(round(cfg.remeasure * run.budget))  # kept for re-measurements before the last batch
         run.held = held
