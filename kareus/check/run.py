@@ -89,6 +89,12 @@ def run_check(ctx: Any, console: Any) -> dict[str, Any]:
                for key, ms in chosen.items()}
     result = verdicts(samples, float(cc.alpha), float(cc.min_shift))
     summary = _summary(ctx, source, chosen, fresh, samples, result)
+    if summary["drifted"]:  # what re-searches the drifted partitions alone, warm-started from the checked run
+        from kareus.check.research import research_command
+        from kareus.tracking import hydra_context
+
+        summary["research_command"] = research_command(source, hydra_context().get("overrides", ()),
+                                                       summary["drifted"])
     _print(console, summary, ctx.numbers_kind)
     path = ctx.run_dir / "check_summary.json"
     path.write_text(json.dumps(summary, indent=2, allow_nan=False))
@@ -208,7 +214,8 @@ def _print(console: Any, summary: dict[str, Any], kind: str) -> None:
                   f"{summary['min_shift'] * 100:g}%")
     if summary["drifted"]:
         console.print(f"drifted: {', '.join(summary['drifted'])} (exit {DRIFT_EXIT}); re-search them before the "
-                      f"plan is trusted again")
+                      f"plan is trusted again, warm-started from the checked run:")
+        console.print(f"  {summary['research_command']}", markup=False)  # the brackets of search.only are no markup
     else:
         console.print("no partition drifted")
 

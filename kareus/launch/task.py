@@ -31,6 +31,7 @@ class PartitionSearchTask:
     # zero-arg picklable callables, each returning an event listener built inside the worker
     listener_factories: list[ListenerFactory] = field(default_factory=list)
     initial: list[Candidate] | None = None  # a shared initial design, if any
+    prior: list[list[Any]] | None = None  # search.warm_start's prior points (kareus.search.warm.to_rows), if any
 
 
 def is_real_gpu(hardware: dict[str, Any]) -> bool:
@@ -111,6 +112,7 @@ def _search(task: PartitionSearchTask, backend: Any, bus: Any, journal: Any = No
     from kareus.registry import SEARCHERS, to_dataclass
     from kareus.search import SearchProblem, budget_for, build_space
     from kareus.search.common import result_reference
+    from kareus.search.warm import from_rows
 
     entry = SEARCHERS.get(task.search["name"])
     scfg = to_dataclass(entry.config_cls, task.search) if entry.config_cls is not None else None
@@ -132,7 +134,7 @@ def _search(task: PartitionSearchTask, backend: Any, bus: Any, journal: Any = No
                 partition=part, space=space, evaluate=profiler.evaluator(part), budget=budget,
                 seed=int(getattr(scfg, "seed", task.seed)),
                 static_power_w=float(backend.gpu.static_power_w), initial=list(task.initial or []),
-                emit=bus.emit))
+                emit=bus.emit, prior=from_rows(part.key, task.prior or [])))
             if hasattr(result, "gpu_seconds") and not result.gpu_seconds:
                 result.gpu_seconds = profiler.gpu_seconds(part.key)
             ok = [m for m in result.measurements if not m.failed]
@@ -174,4 +176,4 @@ def task_from_dict(d: dict[str, Any]) -> PartitionSearchTask:
     return PartitionSearchTask(
         partition=partition_from_dict(d["partition"]), hardware=d["hardware"], search=d["search"],
         profiler=d["profiler"], seed=int(d["seed"]), journal_path=d["journal_path"], config_hash=d["config_hash"],
-        initial=[Candidate(**c) for c in initial] if initial is not None else None)
+        initial=[Candidate(**c) for c in initial] if initial is not None else None, prior=d.get("prior"))

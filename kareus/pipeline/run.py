@@ -90,9 +90,15 @@ def _search_and_plan_on(ctx: RunContext, console: Console, compose: bool, backen
     from kareus.search.output import write_search_outputs
     from kareus.tracking import Tracker, default_run_name, hydra_context, make_progress
 
-    partitions = partition_types(ctx, backend)
-    sizes = space_sizes(ctx, backend, partitions)
-    _note_initial(ctx, sizes)
+    from kareus.pipeline import warm
+
+    every = partition_types(ctx, backend)
+    partitions, left_out = warm.split(ctx, every)
+    sizes = space_sizes(ctx, backend, every)
+    prior = warm.prior(ctx, backend, [p.key for p in every])  # checked before anything is recorded
+    carried = warm.carried(prior, left_out) if prior else []
+    sizes = {k: n for k, n in sizes.items() if k not in left_out or carried}
+    _note_initial(ctx, {k: n for k, n in sizes.items() if k not in left_out})
     launcher = checked_launcher(ctx, partitions)
     tracker = Tracker(ctx.typed["tracking"])
     hctx = hydra_context()
@@ -108,7 +114,8 @@ def _search_and_plan_on(ctx: RunContext, console: Console, compose: bool, backen
                       simulated=ctx.simulated)
         if tracker.run_id:  # mode=train tags its runs with the invocation that made the plan
             summary["mlflow_run_id"] = tracker.run_id
-        tasks = make_tasks(ctx, partitions, lambda p: [tracker.partition_listener_factory(p.key, p.slot_labels)])
+        tasks = make_tasks(ctx, partitions, lambda p: [tracker.partition_listener_factory(p.key, p.slot_labels)],
+                           prior)
         progress = make_progress(ctx.numbers_kind, bool(ctx.cfg.progress), console=console)
         try:
             with progress:
@@ -117,8 +124,15 @@ def _search_and_plan_on(ctx: RunContext, console: Console, compose: bool, backen
             raise KareusError(f"journal: {err}") from None
         except WorkerLost as err:
             raise KareusError(f"{err}; what it measured is kept: continue with resume={ctx.run_dir}") from None
+        searched = results
+        if carried:  # outside search.only: the warm-start run's frontiers, at no profile of this run's
+            results = [*results, *carried]
+            summary["carried"] = [r.partition for r in carried]
+            summary["warm_start"] = [str(d) for d in warm.warm_dirs(ctx)]
         search_summary = write_search_outputs(ctx.run_dir, results, sizes)
-        profiled = sum(len(r.measurements) for r in results)
+        for r in carried:
+            search_summary[r.partition]["carried"] = True
+        profiled = sum(len(r.measurements) for r in searched)
         gpu_seconds = sum(r.gpu_seconds for r in results)
         now = sum(r.measured_now for r in results)
         now_seconds = sum(r.measured_now_gpu_seconds for r in results)

@@ -122,12 +122,17 @@ def opened_backend(ctx: RunContext, seed: int | None = None) -> Iterator[Any]:
 
 
 def make_tasks(ctx: RunContext, partitions: Sequence[PartitionType],
-               listener_factories: Callable[[PartitionType], list[Any]]) -> list[PartitionSearchTask]:
+               listener_factories: Callable[[PartitionType], list[Any]],
+               prior: dict[str, list[Any]] | None = None) -> list[PartitionSearchTask]:
+    """One task per partition; ``prior``: the warm-start prior points per partition key (plain rows in the task)."""
+    from kareus.search.warm import to_rows
+
     hardware, search, profiler = hardware_section(ctx), ctx.section("search"), ctx.section("profiler")
     journal = str(ctx.journal_path)
     return [PartitionSearchTask(partition=p, hardware=hardware, search=search, profiler=profiler,
                                 seed=int(ctx.cfg.seed), journal_path=journal, config_hash=ctx.config_hash,
-                                listener_factories=listener_factories(p))
+                                listener_factories=listener_factories(p),
+                                prior=to_rows(prior.get(p.key, [])) if prior else None)
             for p in partitions]
 
 

@@ -36,10 +36,18 @@ class SearcherConfig:
     initial: int | None = None  # initial design size; None: min(32, max(6, budget // 4), budget), whatever batch_size
     min_rounds: int = 5  # batches shrink below batch_size so that the guided phase has this many rounds
     space: SpaceConfig = field(default_factory=SpaceConfig)
+    # a related run's directory, or a list of them: its journal's rows of this run's partition keys and
+    # hardware are prior points for the surrogate (kareus.search.warm); null: a cold search
+    warm_start: Any = None
+    # partition keys to search (empty: all); the others are carried from search.warm_start when it is set
+    only: list[str] = field(default_factory=list)
 
     def problems(self, ctx: Any = None) -> list[str]:
         """Cross-field rules for validate(): the config's own, and the space against ``ctx.gpu``."""
         out = config_problems(self)
+        if self.only and not self.warm_start and getattr(ctx, "mode", "") == "run":
+            out.append(f"search.only: mode=run composes every partition, and the ones outside {list(self.only)} are "
+                       f"not searched; give search.warm_start=RUN_DIR to carry their frontiers, or use mode=search")
         gpu = getattr(ctx, "gpu", None)
         if gpu is not None:
             from kareus.search.space import space_problems
@@ -273,6 +281,7 @@ def config_problems(cfg: SearcherConfig) -> list[str]:
     if cfg.budget is not None and cfg.initial is not None and 0 < cfg.budget < cfg.initial:
         out.append(f"search.initial: must be <= search.budget ({cfg.budget}), as the initial design counts "
                    f"against it; got {cfg.initial}")
+    out += _warm_problems(cfg)
     if isinstance(cfg, MBOConfig):
         out += _mbo_problems(cfg)
     if isinstance(cfg, ArtifactConfig):
@@ -291,6 +300,31 @@ def config_problems(cfg: SearcherConfig) -> list[str]:
     if isinstance(cfg, NSGA2Config) and cfg.population is not None and cfg.population < 2:
         out.append(f"search.population: must be >= 2 (parents to cross), got {cfg.population}")
     return out
+
+
+def _warm_problems(cfg: SearcherConfig) -> list[str]:
+    """``search.warm_start`` (paths with a journal, a searcher with a surrogate) and ``search.only``."""
+    from kareus.search.warm import warm_start_problems
+
+    out: list[str] = []
+    if cfg.warm_start is not None and not isinstance(cfg, MBOConfig):
+        out.append(f"search.warm_start: search={cfg.name} has no surrogate to offer prior points to; "
+                   f"use search=mbo, or leave warm_start unset")
+    else:
+        out += warm_start_problems(cfg.warm_start, _from_start_dir)
+    only = [str(k) for k in (cfg.only or [])]
+    if len(set(only)) != len(only):
+        out.append(f"search.only: has duplicates, got {only}")
+    return out
+
+
+def _from_start_dir(path: str) -> str:
+    """A path given on the command line, against the folder the command was started in."""
+    import os
+
+    from hydra.utils import to_absolute_path
+
+    return to_absolute_path(os.path.expanduser(path))
 
 
 def _mbo_problems(cfg: MBOConfig) -> list[str]:
