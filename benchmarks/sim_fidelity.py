@@ -9,7 +9,7 @@ an overlapped stretch takes the larger of compute alone and comm alone), fitted 
 same rows (the same parameters less the two contention ones). Every field not fitted is the prior
 that conf/hardware/a100_sim.yaml states; ``HARNESS`` expresses how the measured harness ran.
 
-    python benchmarks/sim_fidelity.py [--src ../shared/data/a100_attention_tp2]
+    python benchmarks/sim_fidelity.py [--src ../shared/data/a100_attention_tp2] [--residuals]
 
 Writes runs/bench/sim_fidelity.json (with ``repeat_spread``: how far the real table's own repeats
 spread, the yardstick for the simulator's reading noise) and prints the fitted values for
@@ -155,6 +155,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--src", default=str(ROOT.parent / "shared/data/a100_attention_tp2"))
     ap.add_argument("--out", default=str(ROOT / "runs/bench/sim_fidelity.json"))
+    ap.add_argument("--residuals", action="store_true",
+                    help="then the residual analysis (benchmarks/sim_residuals.py: runs/bench/sim_residuals.json)")
     args = ap.parse_args()
     data, fit_rows, test = split(Path(args.src))
 
@@ -208,6 +210,10 @@ def main() -> None:
     print("fitted for the measured harness only (the shipped configs keep 0):")
     for k in HARNESS_FITTED:
         print(f"  {k}: {getattr(model, k):.4g}")
+    if args.residuals:
+        import sim_residuals  # the mechanisms behind the N+P gap: what the table supports
+
+        sim_residuals.main(["--src", args.src])
 
 
 if __name__ == "__main__":
