@@ -81,10 +81,10 @@ def test_prior_rows_are_offset_to_this_runs_level_and_only_where_this_run_has_no
     own = np.array([[1.1 * (1.0 + i), 0.0, 1.1] for i in (0, 1, 2)])  # 10% slower, 10% more dynamic energy
     idx, y = fit_rows(prior, [0, 1, 2], own, np.zeros(6, dtype=int), 0.0)
     assert list(idx) == [3, 4, 5]
-    shrunk = 3 / (3 + 1)  # three pairs, shrunk towards no offset by one pseudo-pair (twice: slot, then partition)
-    assert np.allclose(y[:, 0], np.log([4.0, 5.0, 6.0]) + np.log(1.1) * shrunk * shrunk + np.log(1.1) * shrunk / 4,
-                       atol=1e-9) or np.all(y[:, 0] > np.log([4.0, 5.0, 6.0]))
-    assert np.all(y[:, 0] < np.log([4.0, 5.0, 6.0]) + np.log(1.1) + 1e-12)  # never beyond the measured offset
+    partition = 3 / (3 + 1)  # three pairs, shrunk towards no offset by one pseudo-pair ...
+    slot = (3 + partition) / (3 + 1)  # ... and the slot's towards the partition's
+    assert np.allclose(y[:, 0], np.log([4.0, 5.0, 6.0]) + slot * np.log(1.1))
+    assert np.allclose(y[:, 1], np.log(1.0) + slot * np.log(1.1))
     rows = to_rows([Measurement(Candidate("p", "s0", 4, 1410), 1.0, 2.0, 1.0, 1.0, 0.0, 1410.0, 1)])
     assert json.loads(json.dumps(rows)) == rows and from_rows("p", rows)[0].candidate == Candidate("p", "s0", 4, 1410)
 

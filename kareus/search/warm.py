@@ -47,7 +47,7 @@ def warm_start_problems(value: Any, resolve: Any = None) -> list[str]:
 
     if value is None:
         return []
-    if not isinstance(value, (str, os.PathLike)) and not (isinstance(value, Sequence) or hasattr(value, "__iter__")):
+    if not isinstance(value, (str, os.PathLike, Sequence)):  # a list from the command line is a ListConfig, a Sequence
         return [f"search.warm_start: must be a run directory or a list of them, got {value!r}"]
     dirs = warm_start_dirs(value)
     if not dirs:
