@@ -29,7 +29,8 @@ To keep a quick run to minutes on 2 cores, each workload keeps ``PARTITIONS`` of
 (drawn), and each partition's space is subsampled: up to ``SLOTS`` of its launch slots (drawn),
 ``SM_LEVELS`` of the default SM counts 2..16 (drawn, the same for the workload's partitions), and
 clocks every ``FREQ_STEP_MHZ`` MHz from the top clock down to 60% of it (5 on the A100, 7 on the
-H100 and H200): 50-140 candidates a partition.
+H100 and H200): 50-140 candidates a partition. That is for tuning; what a user gets is measured on
+the spaces a run searches (``HeldOut.full_space``; search_efficiency.py ``--holdout-space full``).
 """
 from __future__ import annotations
 
@@ -100,6 +101,13 @@ class HeldOut:
         cfg = SpaceConfig(sms=list(self.sms), freq_mhz=FreqRange(step=FREQ_STEP_MHZ),
                           slots=list(self.slots[partition.key]))
         return build_space(partition, gpu, cfg)
+
+    def full_space(self, partition: PartitionType, gpu) -> list[Candidate]:
+        """The space a run searches for one kept partition (``search.space`` as shipped): every slot,
+        SMs 2..16 step 2, every clock step; 160-900 candidates on the first report seeds."""
+        from kareus.search.space import SpaceConfig, build_space
+
+        return build_space(partition, gpu, SpaceConfig())
 
 
 def is_report_seed(seed: int) -> bool:

@@ -232,13 +232,13 @@ def sim_config(hardware: str | dict) -> dict:
     return shipped(hardware)
 
 
-def heldout_truths(members: list, seed: int = 0, noise: bool = True) -> list[Truth]:
-    """The kept partitions of held-out workloads (``heldout.HeldOut``) over their subsampled spaces,
-    each on its own drawn simulated GPU."""
+def heldout_truths(members: list, seed: int = 0, noise: bool = True, full: bool = False) -> list[Truth]:
+    """The kept partitions of held-out workloads (``heldout.HeldOut``) over their subsampled spaces (``full``:
+    the spaces a run searches), each on its own drawn simulated GPU."""
     out = []
     for w in members:
         out += sim_truths(seed, w.hardware, [(w.label, w.model, w.parallel)], keys=w.partitions, noise=noise,
-                          space=w.space)
+                          space=w.full_space if full else w.space)
     return out
 
 
@@ -624,6 +624,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "report seeds (1000 on), or with 'tuning' its tuning seeds (0-99); the replay table is "
                          "left out. Written to runs/bench/search_efficiency_holdout[_tuning].json")
     ap.add_argument("--holdout-workloads", type=int, default=6, help="held-out workloads (the first seeds of the kind)")
+    ap.add_argument("--holdout-space", choices=("full", "small"), default="full",
+                    help="full: the spaces a run searches (160-900 candidates a partition on the first report seeds); small: heldout.py's "
+                         "subsampled ones (50-140), for tuning in minutes")
     ap.add_argument("--workload", action="append", default=None, metavar="MODEL:PARALLEL:HARDWARE",
                     help="shipped model, parallel layout and simulated GPU in place of the summary's simulated "
                          "workloads (repeatable), e.g. llama3.3-70b:pp10_tp8:h100_sim")
@@ -645,7 +648,8 @@ def simulated(args: argparse.Namespace, seed: int, noise: bool) -> list[Truth]:
         import heldout
 
         count = 2 if args.quick else args.holdout_workloads
-        return heldout_truths([heldout.draw(k) for k in heldout.seeds(args.holdout, count)], seed, noise)
+        return heldout_truths([heldout.draw(k) for k in heldout.seeds(args.holdout, count)], seed, noise,
+                              full=args.holdout_space == "full")
     if args.no_sim:
         return []
     if not args.workload:
@@ -725,7 +729,8 @@ def main(argv: list[str] | None = None) -> dict:
         quiet += replayed if "noisy" in protocols else []
     print(f"ground truth: {len(truths)} partitions, {sum(len(t.space) for t in truths)} candidates measured "
           f"({time.perf_counter() - t0:.1f} s)")
-    doc: dict = {"held_out": args.holdout, "protocols": list(protocols), "seeds": seeds,
+    doc: dict = {"held_out": args.holdout, "holdout_space": args.holdout_space if args.holdout else None,
+                 "protocols": list(protocols), "seeds": seeds,
                  "budgets": [str(b) for b in budgets], "mbo_variants": dict(VARIANTS)}
     if "lookup" in protocols:
         rows = searched(truths, searchers, seeds, budgets, args, "lookup")

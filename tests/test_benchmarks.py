@@ -256,6 +256,8 @@ def test_heldout_seeds_are_split_and_every_workload_validates_and_builds(compose
         for t in kept:
             space = w.space(t, backend.gpu)
             assert 50 <= len(space) <= 140 and {c.slot for c in space} == set(w.slots[t.key])
+            full = w.full_space(t, backend.gpu)  # what a run searches: every slot, SM count and clock
+            assert set(space) < set(full) and {c.slot for c in full} == set(t.slot_labels) | {"sequential"}
             table = se.measure_space(w.label, backend, t, space).table  # raises on a failed reading
             assert np.all(np.isfinite(list(table.values()))) and np.all(np.array(list(table.values()))[:, :2] > 0)
 
