@@ -192,3 +192,13 @@ def _rows(path: Path) -> dict[str, list[tuple]]:
         return out
     finally:
         conn.close()
+
+
+def test_the_benchmark_counts_profiles_from_which_the_ratio_stays_at_the_target():
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from warm_start import profiles_to
+
+    assert profiles_to([0.5, 0.99, 0.97, 0.985, 0.99]) == (4, True)  # a lucky early reading does not count
+    assert profiles_to([0.5, 0.9, 0.97]) == (3, False)
