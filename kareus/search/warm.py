@@ -67,7 +67,8 @@ def warm_start_problems(value: Any, resolve: Any = None) -> list[str]:
     return out
 
 
-def load_prior(dirs: Sequence[str | os.PathLike[str]], backend: str, keys: Sequence[str]) -> dict[str, list[Measurement]]:
+def load_prior(dirs: Sequence[str | os.PathLike[str]], backend: str,
+               keys: Sequence[str]) -> dict[str, list[Measurement]]:
     """Prior points per partition key of ``keys``: the successful rows of each run's journal measured on
     ``backend`` (a setting read several times counts at its mean; a later directory's rows win over an
     earlier one's). ValueError, one line, when a journal cannot be read or nothing matches."""
