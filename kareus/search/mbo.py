@@ -29,8 +29,9 @@ Three batch policies sit beside the chosen passes (``search.passes`` stays the a
   neighbours (same slot, one SM or clock step) of the measured Pareto points, where measurement
   noise and smooth clock/SM responses put the remaining frontier points.
 
-Measurement noise (``kareus.search.noise``; every option off by default, none raised the held-out
-family's tuning scores under noise): ``remeasure`` keeps a share of the budget to read again, before
+Measurement noise (``kareus.search.noise``; every option off by default: re-measurement raised no
+held-out tuning score under noise, and ``report=posterior``, which did, read lower on the real table;
+docs/search.md): ``remeasure`` keeps a share of the budget to read again, before
 the last batch, the settings most at stake of sitting on the wrong side of the front;
 ``remeasure_handed`` does so with picks the total-energy pass hands over; a setting read again counts
 at the mean of its readings. ``report=posterior`` picks the reported front by the surrogate's centre
