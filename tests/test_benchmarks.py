@@ -328,3 +328,22 @@ def test_a_smoke_run_of_the_paper_benchmark_writes_every_part(tmp_path):
     assert seventy["microbatches"] == 16 and seventy["dp"] * 8 * 16 == 2048 and seventy["kareus"]["time_s"] > 0
     published_oom = [c.name for c in paper.CONFIGS if c.published_oom]
     assert published_oom == ["llama3.2-3b tp8 mb8 s8192", "llama3.2-3b tp8 mb16 s4096"]
+
+
+@pytest.mark.slow
+def test_a_small_warm_start_run_writes_cold_and_warm_profiles_per_scenario(tmp_path):
+    """benchmarks/warm_start.py on one scenario, one partition and one seed: each search's profiles to
+    0.98 of the exhaustive hypervolume, cold and warm, and the saving they make, written as JSON."""
+    import json
+
+    import warm_start
+
+    out = tmp_path / "warm_start.json"
+    warm_start.main(["--scenarios", "drift", "--partitions", "fwd_mlp", "--seeds", "1", "--budget", "0.2",
+                     "--out", str(out)])
+    doc = json.loads(out.read_text())
+    (run,) = doc["scenarios"]["drift"]["runs"]
+    assert doc["simulated"] and run["partition"] == "fwd_mlp" and run["prior_points"] > 0
+    assert 0 < run["warm"] <= run["space"] and 0 < run["cold"] <= run["space"]
+    assert run["saving"] == pytest.approx(1 - run["warm"] / run["cold"])
+    assert doc["mean_saving"] == pytest.approx(doc["scenarios"]["drift"]["saving_mean"])
