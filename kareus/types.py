@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 
 class OpKind(str, Enum):
@@ -209,6 +209,15 @@ class Reading:
     executions: int = 1
     ok: bool = True
     error: str = ""
+
+
+REREAD = "reading:"  # the flag of a search's deliberate re-measurement: ``reading:<k>``, its k-th (k >= 1)
+
+
+def reading_of(flags: Iterable[str]) -> int:
+    """Which reading of its candidate a measurement with ``flags`` is: 0 for the first measurement, k for
+    the k-th re-measurement a search asked for (flagged ``reading:<k>``)."""
+    return next((int(f[len(REREAD):]) for f in flags if f.startswith(REREAD)), 0)
 
 
 @dataclass(frozen=True)

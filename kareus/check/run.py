@@ -35,9 +35,9 @@ def check_seed(seed: int, check_seed_value: int) -> int:
 
 
 def run_dir_of(cfg: Any) -> Path:
-    from kareus.pipeline.context import _from_start_dir
+    from kareus.config.paths import from_start_dir
 
-    return _from_start_dir(str(cfg.check.run))
+    return from_start_dir(str(cfg.check.run))
 
 
 def layout_mismatch(saved: Path, cfg: Any) -> str:

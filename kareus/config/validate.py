@@ -330,14 +330,14 @@ def check_problems(check: Any, mode: str) -> list[str]:
     if not (math.isfinite(check.min_shift) and check.min_shift >= 0):
         out.append(f"check.min_shift: must be >= 0, got {check.min_shift}")
     if mode == "check":
-        from kareus.pipeline.context import _from_start_dir
+        from kareus.config.paths import from_start_dir
         from kareus.profiler.journal import journal_path_for
 
         if not check.run:
             out.append("check.run: missing; give the run directory to check (check.run=runs/<date>/<time>)")
-        elif not _from_start_dir(str(check.run)).is_dir():
+        elif not from_start_dir(str(check.run)).is_dir():
             out.append(f"check.run: {check.run} is not a run directory")
-        elif not journal_path_for(_from_start_dir(str(check.run))).is_file():
+        elif not journal_path_for(from_start_dir(str(check.run))).is_file():
             out.append(f"check.run: {check.run} has no {Path(journal_path_for('.')).name}: not the directory of a "
                        "run that measured anything")
     return out

@@ -1,7 +1,6 @@
 """What every stage of a run needs to know, built once from the validated config."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -9,6 +8,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from kareus.config.hashing import config_hash
+from kareus.config.paths import from_start_dir
 from kareus.hardware.base import GPUSpec
 from kareus.types import ModelSpec, ParallelSpec, Partitioning
 
@@ -108,7 +108,7 @@ def build_context(cfg: DictConfig, typed: dict[str, Any], run_dir: Path,
     digest = config_hash(cfg)
     describe = str(getattr(cfg.mode, "value", cfg.mode)) == "describe"
     if cfg.get("resume"):
-        _continue_journal(_from_start_dir(str(cfg.resume)), run_dir, digest, cfg, copy=not describe,
+        _continue_journal(from_start_dir(str(cfg.resume)), run_dir, digest, cfg, copy=not describe,
                           previous_config=previous_config)
     elif not describe:
         _check_own_journal(run_dir, digest, cfg, previous_config)
@@ -116,12 +116,6 @@ def build_context(cfg: DictConfig, typed: dict[str, Any], run_dir: Path,
                       parallel=layout.parallel, workload=layout.workload, partitioning=layout.partitioning,
                       config_hash=digest)
 
-
-def _from_start_dir(path: str) -> Path:
-    """``path`` against the folder the command was started in (``hydra.job.chdir`` moves the job)."""
-    from hydra.utils import to_absolute_path
-
-    return Path(to_absolute_path(os.path.expanduser(path)))  # outside a Hydra job: the current folder
 
 
 def _check_own_journal(run_dir: Path, digest: str, cfg: Any, previous_config: bytes | None) -> None:

@@ -19,10 +19,10 @@ from kareus.types import Measurement, PartitionType
 
 def warm_dirs(ctx: Any) -> list[Path]:
     """The configured warm-start run directories, against the folder the command was started in."""
-    from kareus.pipeline.context import _from_start_dir
+    from kareus.config.paths import from_start_dir
     from kareus.search.warm import warm_start_dirs
 
-    return [_from_start_dir(d) for d in warm_start_dirs(getattr(ctx.typed["search"], "warm_start", None))]
+    return [from_start_dir(d) for d in warm_start_dirs(getattr(ctx.typed["search"], "warm_start", None))]
 
 
 def split(ctx: Any, partitions: Sequence[PartitionType]) -> tuple[list[PartitionType], list[str]]:

@@ -23,7 +23,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterator
 
-from kareus.types import Candidate, Measurement, Reading
+from kareus.types import Candidate, Measurement, Reading, reading_of
 
 JOURNAL_NAME = "journal.sqlite"
 # What a journal's rows mean: partition keys (the workload model and the partitioner), candidates and
@@ -101,21 +101,15 @@ ROW_COLUMNS = ("partition", "slot", "sms", "freq_mhz", "failed", "time_s", "ener
                "clock_mhz", "gpu_temperature_c", "gpu_seconds", "config_hash", "worker", "wall_time")
 
 
-REREAD = "reading:"  # the flag of a deliberate re-measurement: ``reading:<k>``, its k-th (k >= 1)
-
-
 def row_reading(flags: str) -> int:
     """``reread`` of a stored row, from its ``flags`` column (JSON)."""
-    return next((int(f[len(REREAD):]) for f in json.loads(flags) if f.startswith(REREAD)), 0)
+    return reading_of(json.loads(flags))
 
 
 def reread(m: Measurement) -> int:
     """Which reading of its candidate a row is: 0 for the first measurement, k for the k-th
     re-measurement a search asked for (``Profiler.measure`` with ``{"reading": k}``)."""
-    for flag in m.flags:
-        if flag.startswith(REREAD):
-            return int(flag[len(REREAD):])
-    return 0
+    return reading_of(m.flags)
 
 
 def _num(x: float) -> float | None:
@@ -391,14 +385,7 @@ def check_journal(path: str | os.PathLike[str], config_hash: str) -> None:
 def read_measurements(path: str | os.PathLike[str]) -> list[Measurement]:
     """Every measurement of a journal in order, read without changing it (the latest row of a candidate
     last); JournalError if it is not a readable Kareus journal."""
-    p = Path(path)
-    if not p.is_file():
-        raise JournalError(f"{p.parent} has no {p.name}: not the directory of a run that measured anything")
-    try:
-        with _read_only(p) as conn:
-            return [Journal._measurement(row)[0] for row in conn.execute(_ROWS + " ORDER BY id")]
-    except (sqlite3.Error, ValueError, TypeError, KeyError) as err:
-        raise JournalError(f"{p} is not a readable Kareus journal ({err})") from None
+    return [m for m, _ in read_backend_measurements(path)]
 
 
 def read_backend_measurements(path: str | os.PathLike[str]) -> list[tuple[Measurement, str]]:

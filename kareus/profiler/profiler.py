@@ -26,11 +26,11 @@ from kareus.hardware.base import HardwareBackend
 from kareus.interrupts import signals_deferred
 from kareus.profiler.config import ProfilerConfig, section
 from kareus.profiler.cooldown import group_all, group_max, group_mean
-from kareus.profiler.journal import REREAD, Journal
+from kareus.profiler.journal import Journal
 from kareus.profiler.stats import mad_outliers, median
 from kareus.registry import COOLDOWNS, FREQUENCY_CONTROLLERS
 from kareus.search.base import Evaluate
-from kareus.types import SEQUENTIAL, Candidate, Measurement, Op, PartitionType, Reading
+from kareus.types import REREAD, SEQUENTIAL, Candidate, Measurement, Op, PartitionType, Reading
 
 
 class ReadError(RuntimeError):

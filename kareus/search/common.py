@@ -12,7 +12,7 @@ from kareus.frontier import Frontier
 from kareus.search.base import SearchProblem, SearchResult
 from kareus.search.hv import hypervolume
 from kareus.search.space import encode
-from kareus.types import Candidate, Measurement
+from kareus.types import REREAD, Candidate, Measurement
 
 
 def reference_point(times: Sequence[float], energies: Sequence[float], factor: float = 1.1) -> tuple[float, float]:
@@ -184,7 +184,7 @@ def mean_reading(readings: Sequence[Measurement]) -> Measurement:
     if not ok:
         return readings[-1]
     mean = lambda key: float(np.mean([getattr(m, key) for m in ok]))  # noqa: E731
-    flags = tuple(f for f in ok[0].flags if not f.startswith("reading:")) + (f"readings:{len(ok)}",)
+    flags = tuple(f for f in ok[0].flags if not f.startswith(REREAD)) + (f"readings:{len(ok)}",)
     return replace(ok[0], time_s=mean("time_s"), energy_j=mean("energy_j"), dynamic_energy_j=mean("dynamic_energy_j"),
                    temperature_c=mean("temperature_c"), freq_mhz=mean("freq_mhz"),
                    repeats=sum(m.repeats for m in ok), flags=flags, readings=tuple(r for m in ok for r in m.readings))

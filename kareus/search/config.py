@@ -304,6 +304,7 @@ def config_problems(cfg: SearcherConfig) -> list[str]:
 
 def _warm_problems(cfg: SearcherConfig) -> list[str]:
     """``search.warm_start`` (paths with a journal, a searcher with a surrogate) and ``search.only``."""
+    from kareus.config.paths import from_start_dir
     from kareus.search.warm import warm_start_problems
 
     out: list[str] = []
@@ -311,20 +312,12 @@ def _warm_problems(cfg: SearcherConfig) -> list[str]:
         out.append(f"search.warm_start: search={cfg.name} has no surrogate to offer prior points to; "
                    f"use search=mbo, or leave warm_start unset")
     else:
-        out += warm_start_problems(cfg.warm_start, _from_start_dir)
+        out += warm_start_problems(cfg.warm_start, from_start_dir)
     only = [str(k) for k in (cfg.only or [])]
     if len(set(only)) != len(only):
         out.append(f"search.only: has duplicates, got {only}")
     return out
 
-
-def _from_start_dir(path: str) -> str:
-    """A path given on the command line, against the folder the command was started in."""
-    import os
-
-    from hydra.utils import to_absolute_path
-
-    return to_absolute_path(os.path.expanduser(path))
 
 
 def _mbo_problems(cfg: MBOConfig) -> list[str]:
